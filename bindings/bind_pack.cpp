@@ -1,0 +1,191 @@
+// bind_pack.cpp — PackedExperts and the pack / quantize / unpack functions.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "array_checks.h"
+#include "common/numeric.h"
+#include "dispatch/registry.h"
+#include "moe_cpu/packed_experts.h"
+
+namespace py = pybind11;
+using namespace moe_cpu;
+using namespace moe_cpu::py_checks;
+
+namespace {
+
+using Ptr = std::shared_ptr<PackedExperts>;
+Ptr share(PackedExperts&& p) { return std::make_shared<PackedExperts>(std::move(p)); }
+
+// float32 scales, or bf16 bits widened exactly to float32.
+std::vector<float> scales_f32(const py::array& s) {
+  std::vector<float> out(static_cast<size_t>(s.size()));
+  if (has_type(s, ElemType::kF32)) {
+    std::memcpy(out.data(), s.data(), out.size() * 4);
+  } else {
+    const auto* b = static_cast<const uint16_t*>(s.data());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(b[i]);
+  }
+  return out;
+}
+
+// Scales of an int scheme: [E,N,G] (or [E,N] per channel when allow_2d); returns G-derived group.
+py::array int_scales(py::handle h, int64_t E, int64_t N, int64_t K, int64_t group, bool allow_2d,
+                     const char* name = "scales") {
+  if (!py::isinstance<py::array>(h)) array_arg(h, name, {ElemType::kF32}, 3);
+  auto raw = py::reinterpret_borrow<py::array>(h);
+  const int nd = (allow_2d && raw.ndim() == 2) ? 2 : 3;
+  auto s = array_arg(h, name, {ElemType::kF32, ElemType::kU16}, nd);
+  const int64_t G = group == -1 ? 1 : (group > 0 && K % group == 0 ? K / group : -1);
+  if (G < 0) return s;  // the group check in the core reports it
+  if (nd == 2) {
+    if (group != -1) throw ValueError(msg(name, " is 2-D [E, N], which means per channel, but group_size = ", group));
+    require_shape(s, name, {E, N}, "[E, N]");
+  } else {
+    require_shape(s, name, {E, N, G}, group == -1 ? "[E, N, 1] (per channel)" : "[E, N, K // group_size]");
+  }
+  return s;
+}
+
+py::array codes_array(const PackedExperts& p, bool int_codes) {
+  const int64_t E = p.num_experts, N = p.out_features, K = p.in_features;
+  if (int_codes) {
+    const bool zp = p.has_zeros;
+    py::array out = zp ? py::array(py::dtype("uint8"), {E, N, K}) : py::array(py::dtype("int8"), {E, N, K});
+    auto* dst = static_cast<int8_t*>(out.mutable_data());
+    const int64_t G = p.num_groups(), gl = p.group_len();
+    for (int64_t r = 0; r < E * N; ++r) {
+      p.int_row(r / N, r % N, dst + r * K);
+      if (zp)  // int_row subtracts the zero points; give back the raw [0,15] codes
+        for (int64_t k = 0; k < K; ++k) dst[r * K + k] = int8_t(dst[r * K + k] + p.zeros.data()[r * G + k / gl]);
+    }
+    return out;
+  }
+  const bool bf = p.scheme == Scheme::kBf16;
+  py::array out = bf ? py::array(py::dtype("uint16"), {E, N, K}) : py::array(py::dtype("uint8"), {E, N, K});
+  std::memcpy(out.mutable_data(), p.qweight.data(), size_t(E * N * K) * (bf ? 2 : 1));
+  return out;
+}
+
+py::dict unpack_quantized(const PackedExperts& p) {
+  py::dict d;
+  const int64_t E = p.num_experts;
+  auto scales = [&] {
+    py::array s(py::dtype("float32"), {E, p.scale_rows(), p.num_groups()});
+    std::memcpy(s.mutable_data(), p.scales.data(), p.scales.size());
+    return s;
+  };
+  switch (p.scheme) {
+    case Scheme::kInt4W4A8:
+    case Scheme::kInt8W8A8:
+      d["qweight"] = codes_array(p, true);
+      d["scales"] = scales();
+      if (p.scheme == Scheme::kInt4W4A8) {
+        if (p.has_zeros) {
+          py::array z(py::dtype("uint8"), {E, p.out_features, p.num_groups()});
+          std::memcpy(z.mutable_data(), p.zeros.data(), p.zeros.size());
+          d["zeros"] = z;
+        } else {
+          d["zeros"] = py::none();
+        }
+      }
+      break;
+    case Scheme::kFp8W8A16:
+      d["weight"] = codes_array(p, false);
+      d["scale_inv"] = scales();
+      break;
+    case Scheme::kBf16:
+      d["weight"] = codes_array(p, false);
+      break;
+  }
+  return d;
+}
+
+}  // namespace
+
+void bind_pack(py::module_& m) {
+  py::class_<PackedExperts, Ptr>(m, "PackedExperts",
+                                 "Expert weights [E, N, K] of one projection, packed in one scheme for one kernel.")
+      .def_property_readonly("scheme", [](const PackedExperts& p) { return scheme_name(p.scheme); })
+      .def_property_readonly("num_experts", [](const PackedExperts& p) { return p.num_experts; })
+      .def_property_readonly("out_features", [](const PackedExperts& p) { return p.out_features; })
+      .def_property_readonly("in_features", [](const PackedExperts& p) { return p.in_features; })
+      .def_property_readonly("group_size", [](const PackedExperts& p) { return p.group_size; })
+      .def_property_readonly("block_size", [](const PackedExperts& p) -> py::object {
+        if (p.scheme != Scheme::kFp8W8A16) return py::none();
+        return py::make_tuple(p.block_n, p.group_size);
+      })
+      .def_property_readonly("has_zeros", [](const PackedExperts& p) { return p.has_zeros; })
+      .def_property_readonly("nbytes", [](const PackedExperts& p) { return p.nbytes(); })
+      .def_property_readonly("kernel", [](const PackedExperts& p) { return std::string(p.kernel->name); })
+      .def("unpack", [](const PackedExperts& p) {
+        py::array_t<float> out({p.num_experts, p.out_features, p.in_features});
+        float* dst = out.mutable_data();
+        py::gil_scoped_release nogil;
+        unpack(p, dst);
+        return out;
+      })
+      .def("unpack_quantized", &unpack_quantized);
+
+  m.def("pack_int4", [](py::handle q_h, py::handle s_h, int64_t group, py::handle z_h) {
+    const bool zp = !z_h.is_none();
+    auto q = array_arg(q_h, "qweight", {zp ? ElemType::kU8 : ElemType::kI8}, 3);
+    const int64_t E = q.shape(0), N = q.shape(1), K = q.shape(2);
+    auto s = int_scales(s_h, E, N, K, group, false);
+    std::vector<float> sf = scales_f32(s);
+    py::array z;
+    if (zp) {
+      z = array_arg(z_h, "zeros", {ElemType::kU8, ElemType::kI8}, 3);
+      require_shape(z, "zeros", {E, N, s.shape(2)}, "the scales shape [E, N, G]");
+    }
+    py::gil_scoped_release nogil;
+    return share(pack_int4(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
+                           zp ? static_cast<const uint8_t*>(z.data()) : nullptr));
+  }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("zeros"));
+
+  m.def("pack_int8", [](py::handle q_h, py::handle s_h, int64_t group) {
+    auto q = array_arg(q_h, "qweight", {ElemType::kI8}, 3);
+    const int64_t E = q.shape(0), N = q.shape(1), K = q.shape(2);
+    auto s = int_scales(s_h, E, N, K, group, true);
+    std::vector<float> sf = scales_f32(s);
+    py::gil_scoped_release nogil;
+    return share(pack_int8(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group));
+  }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"));
+
+  m.def("pack_fp8", [](py::handle w_h, py::handle s_h, int64_t bn, int64_t bk) {
+    auto w = array_arg(w_h, "weight", {ElemType::kU8}, 3);
+    const int64_t E = w.shape(0), N = w.shape(1), K = w.shape(2);
+    auto s = array_arg(s_h, "scale_inv", {ElemType::kF32}, 3);
+    if (bn < 1 || bk < 1)
+      throw ValueError(msg("block_size = (", bn, ", ", bk, ") must be two positive integers"));
+    require_shape(s, "scale_inv", {E, (N + bn - 1) / bn, (K + bk - 1) / bk}, "[E, ceil(N/bn), ceil(K/bk)]");
+    py::gil_scoped_release nogil;
+    return share(pack_fp8(static_cast<const uint8_t*>(w.data()), E, N, K, static_cast<const float*>(s.data()), bn, bk));
+  }, py::arg("weight"), py::arg("scale_inv"), py::arg("block_n"), py::arg("block_k"));
+
+  m.def("pack_bf16", [](py::handle w_h) {
+    auto w = array_arg(w_h, "weight", {ElemType::kU16}, 3);
+    py::gil_scoped_release nogil;
+    return share(pack_bf16(static_cast<const uint16_t*>(w.data()), w.shape(0), w.shape(1), w.shape(2)));
+  }, py::arg("weight"));
+
+  m.def("quantize_experts", [](py::handle w_h, const std::string& scheme, int64_t group, int64_t bn, int64_t bk) {
+    auto w = array_arg(w_h, "w", {ElemType::kF32}, 3);
+    const Scheme s = parse_scheme(scheme);
+    py::gil_scoped_release nogil;
+    return share(quantize_experts(static_cast<const float*>(w.data()), w.shape(0), w.shape(1), w.shape(2), s,
+                                  group, bn, bk));
+  }, py::arg("w"), py::arg("scheme"), py::arg("group_size"), py::arg("block_n"), py::arg("block_k"));
+
+  m.def("registered_kernels", [] {
+    py::list out;
+    for (const KernelDesc* k : all_kernels())
+      out.append(py::dict(py::arg("name") = k->name, py::arg("scheme") = scheme_name(k->scheme),
+                          py::arg("isa") = k->isa, py::arg("mr") = k->mr, py::arg("nr") = k->nr));
+    return out;
+  });
+  m.def("selected_kernel", [](const std::string& scheme) { return std::string(select_kernel(parse_scheme(scheme))->name); },
+        py::arg("scheme"));
+}

@@ -1,0 +1,35 @@
+// cpu_features.h — CPU feature bits, detected once (CPUID+XGETBV / HWCAP) and maskable for tests.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moe_cpu {
+
+enum CpuFeature : uint64_t {
+  kFeatAvx2 = 1u << 0,        // AVX2 + FMA + F16C, OS saves YMM
+  kFeatAvxVnni = 1u << 1,     // AVX-VNNI (VEX vpdpbusd)
+  kFeatAvx512 = 1u << 2,      // AVX512F + BW + VL + DQ, OS saves ZMM
+  kFeatAvx512Vnni = 1u << 3,
+  kFeatAvx512Bf16 = 1u << 4,
+  kFeatAmx = 1u << 5,         // AMX-TILE + INT8 + BF16 (detected, no kernel uses it)
+  kFeatNeon = 1u << 8,
+  kFeatNeonDotprod = 1u << 9,
+  kFeatNeonI8mm = 1u << 10,
+  kFeatNeonBf16 = 1u << 11,
+};
+
+// Features detected on this CPU (never masked).
+uint64_t detected_features();
+// Features that dispatch may use: detected & the mask set by MOE_CPU_ISA or force_isa().
+uint64_t active_features();
+// Restricts dispatch to an ISA level: "native" (no mask), "reference" (no SIMD), "avx2", "avx512",
+// "neon", "neon_dotprod", "neon_i8mm", "neon_bf16". Throws ValueError for unknown names or for a
+// level this CPU lacks. Affects kernels chosen at later pack time only.
+void force_isa(const std::string& isa);
+// The current ISA level name ("native" unless forced).
+std::string forced_isa();
+// Names of the active feature bits, e.g. {"avx2", "avx512", "avx512_vnni"}.
+std::vector<std::string> feature_names(uint64_t bits);
+
+}  // namespace moe_cpu

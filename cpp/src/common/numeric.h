@@ -1,0 +1,50 @@
+// numeric.h — bf16 and fp8 e4m3fn conversions, per-row int8 activation quantization.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace moe_cpu {
+
+inline float bits_to_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t float_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+
+inline float bf16_to_float(uint16_t b) { return bits_to_float(uint32_t(b) << 16); }
+// Round to nearest even; NaN stays a (quiet) NaN.
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u = float_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+// e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa; no inf; S.1111.111 is NaN; max 448.
+inline float e4m3fn_to_float(uint8_t c) {
+  const uint32_t sign = uint32_t(c & 0x80) << 24;
+  const uint32_t exp = (c >> 3) & 0xf, man = c & 0x7;
+  if (exp == 0xf && man == 0x7) return bits_to_float(sign | 0x7fc00000u);
+  if (exp == 0) return (c & 0x80 ? -1.f : 1.f) * std::ldexp(float(man), -9);  // subnormal
+  return bits_to_float(sign | ((exp + 120) << 23) | (man << 20));
+}
+inline bool e4m3fn_is_nan(uint8_t c) { return (c & 0x7f) == 0x7f; }
+// Round to nearest even, saturating to +-448 (finite input).
+uint8_t float_to_e4m3fn(float f);
+
+// Per-row symmetric int8: s = amax/127 (1 for an all-zero row), q = rint(x/s) in [-127,127].
+// Returns false if the row has a non-finite value (q is then unspecified).
+inline bool quantize_row_int8(const float* x, int64_t n, int8_t* q, float* s) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  if (!std::isfinite(amax)) return false;
+  const float sc = amax == 0.f ? 1.f : amax / 127.f;
+  for (int64_t i = 0; i < n; ++i) {
+    float v = std::nearbyint(x[i] / sc);
+    v = std::fmin(127.f, std::fmax(-127.f, v));
+    q[i] = int8_t(v);
+  }
+  *s = sc;
+  return true;
+}
+
+}  // namespace moe_cpu

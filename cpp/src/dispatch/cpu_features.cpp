@@ -1,0 +1,161 @@
+// cpu_features.cpp — feature detection: CPUID + XGETBV on x86-64, getauxval(HWCAP) on AArch64.
+#include "moe_cpu/cpu_features.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+
+#include "moe_cpu/errors.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
+namespace moe_cpu {
+namespace {
+
+#if defined(__x86_64__) || defined(_M_X64)
+uint64_t xgetbv0() {
+  uint32_t lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (uint64_t(hi) << 32) | lo;
+}
+
+uint64_t detect() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  const bool osxsave = c & (1u << 27), fma = c & (1u << 12), f16c = c & (1u << 29);
+  if (!osxsave) return 0;
+  const uint64_t xcr0 = xgetbv0();
+  const bool os_ymm = (xcr0 & 0x6) == 0x6, os_zmm = (xcr0 & 0xe6) == 0xe6;
+  const bool os_amx = (xcr0 & (3u << 17)) == (3u << 17);
+  uint64_t f = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return 0;
+  __cpuid_count(7, 0, a, b, c, d);
+  const unsigned b7 = b, c7 = c, d7 = d;
+  __cpuid_count(7, 1, a, b, c, d);
+  const unsigned a71 = a;
+  if (os_ymm && (b7 & (1u << 5)) && fma && f16c) f |= kFeatAvx2;
+  if ((f & kFeatAvx2) && (a71 & (1u << 4))) f |= kFeatAvxVnni;
+  const bool avx512 = (b7 & (1u << 16)) && (b7 & (1u << 30)) && (b7 & (1u << 31)) && (b7 & (1u << 17));
+  if (os_zmm && avx512 && (f & kFeatAvx2)) f |= kFeatAvx512;
+  if ((f & kFeatAvx512) && (c7 & (1u << 11))) f |= kFeatAvx512Vnni;
+  if ((f & kFeatAvx512) && (a71 & (1u << 5))) f |= kFeatAvx512Bf16;
+  if (os_amx && (d7 & (1u << 24)) && (d7 & (1u << 25)) && (d7 & (1u << 22))) f |= kFeatAmx;
+  return f;
+}
+#elif defined(__aarch64__) && defined(__linux__)
+uint64_t detect() {
+  const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+  uint64_t f = kFeatNeon;
+  if (hw & (1ul << 20)) f |= kFeatNeonDotprod;   // HWCAP_ASIMDDP
+  if (hw2 & (1ul << 13)) f |= kFeatNeonI8mm;     // HWCAP2_I8MM
+  if (hw2 & (1ul << 14)) f |= kFeatNeonBf16;     // HWCAP2_BF16
+  return f;
+}
+#else
+uint64_t detect() { return 0; }
+#endif
+
+struct Level { const char* name; uint64_t mask; };
+constexpr uint64_t kAll = ~uint64_t(0);
+constexpr Level kLevels[] = {
+    {"native", kAll},
+    {"reference", 0},
+    {"avx2", kFeatAvx2 | kFeatAvxVnni},
+    {"avx512", kAll & ~uint64_t(kFeatNeon | kFeatNeonDotprod | kFeatNeonI8mm | kFeatNeonBf16)},
+    {"neon", kFeatNeon},
+    {"neon_dotprod", kFeatNeon | kFeatNeonDotprod},
+    {"neon_i8mm", kFeatNeon | kFeatNeonDotprod | kFeatNeonI8mm},
+    {"neon_bf16", kFeatNeon | kFeatNeonDotprod | kFeatNeonBf16},
+};
+// The feature an ISA level needs to be present on this CPU.
+uint64_t level_requirement(const std::string& n) {
+  if (n == "avx2") return kFeatAvx2;
+  if (n == "avx512") return kFeatAvx512;
+  if (n == "neon") return kFeatNeon;
+  if (n == "neon_dotprod") return kFeatNeonDotprod;
+  if (n == "neon_i8mm") return kFeatNeonI8mm;
+  if (n == "neon_bf16") return kFeatNeonBf16;
+  return 0;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : " ") + x;
+  return s.empty() ? "none" : s;
+}
+
+std::mutex g_mu;
+std::atomic<uint64_t> g_mask{kAll};
+std::string g_level = "native";
+std::once_flag g_env_once;
+
+const Level* find_level(const std::string& n) {
+  for (const auto& l : kLevels)
+    if (n == l.name) return &l;
+  return nullptr;
+}
+
+void set_level(const std::string& isa, const char* origin) {
+  const Level* l = find_level(isa);
+  if (!l) {
+    std::string names;
+    for (const auto& x : kLevels) names += std::string(names.empty() ? "" : ", ") + x.name;
+    throw ValueError(msg(origin, " = '", isa, "' is not an ISA level (expected one of: ", names, ")"));
+  }
+  const uint64_t need = level_requirement(isa);
+  if (need && !(detected_features() & need))
+    throw ValueError(msg(origin, " = '", isa, "' needs CPU features this machine lacks (detected: ",
+                         join(feature_names(detected_features())), ")"));
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_mask = l->mask;
+  g_level = isa;
+}
+
+void apply_env() {
+  std::call_once(g_env_once, [] {
+    const char* env = std::getenv("MOE_CPU_ISA");
+    if (env && *env) set_level(env, "MOE_CPU_ISA");
+  });
+}
+
+}  // namespace
+
+uint64_t detected_features() {
+  static const uint64_t f = detect();
+  return f;
+}
+
+uint64_t active_features() {
+  apply_env();
+  return detected_features() & g_mask.load();
+}
+
+void force_isa(const std::string& isa) {
+  apply_env();
+  set_level(isa, "isa");
+}
+
+std::string forced_isa() {
+  apply_env();
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_level;
+}
+
+std::vector<std::string> feature_names(uint64_t bits) {
+  static const std::pair<uint64_t, const char*> kNames[] = {
+      {kFeatAvx2, "avx2"}, {kFeatAvxVnni, "avx_vnni"}, {kFeatAvx512, "avx512"},
+      {kFeatAvx512Vnni, "avx512_vnni"}, {kFeatAvx512Bf16, "avx512_bf16"}, {kFeatAmx, "amx"},
+      {kFeatNeon, "neon"}, {kFeatNeonDotprod, "neon_dotprod"}, {kFeatNeonI8mm, "neon_i8mm"},
+      {kFeatNeonBf16, "neon_bf16"}};
+  std::vector<std::string> out;
+  for (const auto& [bit, name] : kNames)
+    if (bits & bit) out.push_back(name);
+  return out;
+}
+
+}  // namespace moe_cpu

@@ -1,0 +1,29 @@
+// registry.cpp — builds the kernel list from kernels.def and picks one per scheme.
+#include "dispatch/registry.h"
+
+#include "moe_cpu/cpu_features.h"
+#include "moe_cpu/errors.h"
+
+namespace moe_cpu {
+
+#define MOE_KERNEL(prec, isa, mr, nr, feat) extern const KernelDesc kernel_##prec##_##isa;
+#include "dispatch/kernels.def"
+#undef MOE_KERNEL
+
+const std::vector<const KernelDesc*>& all_kernels() {
+  static const std::vector<const KernelDesc*> list = {
+#define MOE_KERNEL(prec, isa, mr, nr, feat) &kernel_##prec##_##isa,
+#include "dispatch/kernels.def"
+#undef MOE_KERNEL
+  };
+  return list;
+}
+
+const KernelDesc* select_kernel(Scheme s) {
+  const uint64_t active = active_features();
+  for (const KernelDesc* k : all_kernels())
+    if (k->scheme == s && (k->features & active) == k->features) return k;
+  throw ValueError(msg("no kernel registered for scheme ", scheme_name(s)));
+}
+
+}  // namespace moe_cpu

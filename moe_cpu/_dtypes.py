@@ -1,0 +1,26 @@
+"""dtype helpers: bfloat16 / float8 arrays from ml_dtypes travel to the core as raw bits (views, no copies)."""
+from __future__ import annotations
+
+import numpy as np
+
+try:  # ml_dtypes is optional
+    import ml_dtypes as _ml
+except ImportError:  # pragma: no cover - exercised only without ml_dtypes
+    _ml = None
+
+
+def is_named(a: object, name: str) -> bool:
+    """True when `a` is an ndarray whose dtype is the ml_dtypes type `name`."""
+    return isinstance(a, np.ndarray) and a.dtype.name == name
+
+
+def as_bits(a: object, name: str, bits: type) -> object:
+    """View an ml_dtypes array (dtype `name`) as unsigned bits; anything else is returned unchanged."""
+    if is_named(a, name):
+        return a.view(bits)
+    return a
+
+
+def bf16_dtype() -> np.dtype | None:
+    """ml_dtypes.bfloat16 as a NumPy dtype, or None without ml_dtypes."""
+    return None if _ml is None else np.dtype(_ml.bfloat16)

@@ -1,0 +1,281 @@
+"""The moe_cpu Python API: packing, fused experts, shared expert, routing and dispatch control.
+
+Every function checks its arguments in the C++ core and raises ``ValueError`` or ``TypeError``
+naming the argument. Arrays are never converted or copied silently: pass C-contiguous arrays of
+the documented dtypes. bfloat16 is ``ml_dtypes.bfloat16`` or raw ``uint16`` bits.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+
+from . import _core
+from ._core import PackedExperts
+from ._dtypes import as_bits, is_named
+
+__all__ = [
+    "PackedExperts", "pack_int4", "pack_int8", "pack_fp8", "pack_bf16", "quantize_experts",
+    "fused_experts", "shared_expert", "select_experts", "moe_align_block_size",
+    "dynamic_4bit_int_moe", "set_num_threads", "get_num_threads", "cpu_features", "force_isa",
+    "SCHEMES", "ACTIVATIONS",
+]
+
+SCHEMES = ("int4_w4a8", "int8_w8a8", "fp8_w8a16", "bf16")
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swiglustep", "swigluoai", "swigluoai_uninterleave")
+
+
+def _bf16_bits(a: object) -> object:
+    return as_bits(a, "bfloat16", np.uint16)
+
+
+def _int_arg(v: object, name: str) -> int:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    return int(v)
+
+
+def pack_int4(qweight: np.ndarray, scales: np.ndarray, group_size: int = 128,
+              zeros: Optional[np.ndarray] = None) -> PackedExperts:
+    """Pack pre-quantized INT4 expert weights for the W4A8 scheme.
+
+    Args:
+        qweight: int8 ``[E, N, K]`` with values in [-8, 7] (symmetric), or uint8 in [0, 15] when
+            ``zeros`` is given.
+        scales: float32 or bfloat16 ``[E, N, K // group_size]`` (``[E, N, 1]`` for per channel).
+        group_size: a positive multiple of 32 that divides K, or -1 for one scale per channel.
+        zeros: optional uint8/int8 zero points ``[E, N, K // group_size]`` in [0, 15].
+
+    Returns:
+        PackedExperts; the dequantized weight is ``(q - zero) * scale`` (zero = 0 when symmetric).
+    """
+    return _core.pack_int4(qweight, _bf16_bits(scales), _int_arg(group_size, "group_size"), zeros)
+
+
+def pack_int8(qweight: np.ndarray, scales: np.ndarray, group_size: int = -1) -> PackedExperts:
+    """Pack INT8 expert weights (W8A8). scales: float32 ``[E, N]`` or ``[E, N, 1]`` per channel,
+    or ``[E, N, K // group_size]`` with a group size that divides K."""
+    return _core.pack_int8(qweight, _bf16_bits(scales), _int_arg(group_size, "group_size"))
+
+
+def _block(block_size: object) -> Tuple[int, int]:
+    if not isinstance(block_size, (tuple, list)) or len(block_size) != 2:
+        raise TypeError(f"block_size must be a pair (block_n, block_k), got {block_size!r}")
+    return _int_arg(block_size[0], "block_size[0]"), _int_arg(block_size[1], "block_size[1]")
+
+
+def pack_fp8(weight: np.ndarray, scale_inv: np.ndarray,
+             block_size: Tuple[int, int] = (128, 128)) -> PackedExperts:
+    """Pack FP8 e4m3fn expert weights (W8A16) with one float32 scale per ``block_size`` block.
+
+    Args:
+        weight: uint8 bits or ``ml_dtypes.float8_e4m3fn``, ``[E, N, K]``; NaN codes are rejected.
+        scale_inv: float32 ``[E, ceil(N / bn), ceil(K / bk)]``; it multiplies (DeepSeek-V3 style).
+        block_size: ``(bn, bk)``; edge blocks may be partial.
+    """
+    bn, bk = _block(block_size)
+    return _core.pack_fp8(as_bits(weight, "float8_e4m3fn", np.uint8), scale_inv, bn, bk)
+
+
+def pack_bf16(weight: np.ndarray) -> PackedExperts:
+    """Pack bfloat16 expert weights ``[E, N, K]`` (ml_dtypes.bfloat16 or uint16 bits).
+    Use ``quantize_experts(w, "bf16")`` to round float32 weights."""
+    return _core.pack_bf16(_bf16_bits(weight))
+
+
+def quantize_experts(w: np.ndarray, scheme: str, group_size: Optional[int] = None,
+                     block_size: Tuple[int, int] = (128, 128)) -> PackedExperts:
+    """Quantize float32 expert weights ``[E, N, K]`` and pack them.
+
+    Rules (float32 arithmetic, round half to even; an all-zero group gets scale 1):
+    int4 ``s = amax(group) / 7``, ``q = clamp(rint(w / s), -8, 7)``; int8 ``s = amax / 127``;
+    fp8 ``s = amax(block) / 448`` and ``q = e4m3fn(w / s)``; bf16 rounds to nearest even.
+
+    Args:
+        scheme: "int4_w4a8", "int8_w8a8", "fp8_w8a16" or "bf16".
+        group_size: int4 default 128, int8 default -1 (per channel); must be None for fp8 / bf16.
+        block_size: fp8 ``(bn, bk)`` blocks.
+    """
+    if not isinstance(scheme, str):
+        raise TypeError(f"scheme must be a str, one of {SCHEMES}, got {type(scheme).__name__}")
+    if scheme in ("fp8_w8a16", "bf16"):
+        if group_size is not None:
+            raise ValueError(f"group_size = {group_size} does not apply to scheme '{scheme}' "
+                             "(fp8 uses block_size; bf16 has no scales); pass None")
+        g = -1
+    else:
+        g = (128 if scheme == "int4_w4a8" else -1) if group_size is None else _int_arg(group_size, "group_size")
+    bn, bk = _block(block_size)
+    return _core.quantize_experts(w, scheme, g, bn, bk)
+
+
+def _act_name(activation: object) -> str:
+    name = getattr(activation, "moe_cpu_name", activation)
+    if not isinstance(name, str):
+        raise TypeError(f"activation must be a str (one of {ACTIVATIONS}) or a MoEActivation, "
+                        f"got {type(activation).__name__}")
+    return name
+
+
+def _wrap_out(res: np.ndarray, like: np.ndarray) -> np.ndarray:
+    return res.view(like.dtype) if is_named(like, "bfloat16") and res.dtype != like.dtype else res
+
+
+def fused_experts(hidden_states: np.ndarray, w13: PackedExperts, w2: PackedExperts,
+                  topk_weights: np.ndarray, topk_ids: np.ndarray, *, activation: str = "silu",
+                  apply_router_weight_on_input: bool = False, w13_bias: Optional[np.ndarray] = None,
+                  w2_bias: Optional[np.ndarray] = None, expert_map: Optional[np.ndarray] = None,
+                  out: Optional[np.ndarray] = None, inplace: bool = False) -> np.ndarray:
+    """Fused MoE experts: ``out[m] = sum_j w[m,j] * FFN_{ids[m,j]}(x[m])``.
+
+    Args:
+        hidden_states: ``[M, H]`` float32 or bfloat16 (ml_dtypes or uint16 bits).
+        w13: PackedExperts ``[E, 2I, H]`` (rows [0, I) gate, [I, 2I) up).
+        w2: PackedExperts ``[E, H, I]`` of the same scheme.
+        topk_weights: float32 ``[M, k]``.
+        topk_ids: int32 or int64 ``[M, k]``; ids < 0 are skipped, ids >= E raise.
+        activation: one of ``ACTIVATIONS`` (or a ``MoEActivation``).
+        apply_router_weight_on_input: scale each (token, expert) input row before quantization.
+        w13_bias, w2_bias: float32 ``[E, 2I]`` and ``[E, H]``, added before the activation / router weight.
+        expert_map: int32 ``[E_global]``, global id -> local id or -1 (ids are then global).
+        out: optional output ``[M, H]`` of the input dtype.
+        inplace: write the result into ``hidden_states``.
+
+    Returns:
+        ``[M, H]`` array of the dtype of ``hidden_states`` (``out`` or ``hidden_states`` when given).
+    """
+    res = _core.fused_experts(_bf16_bits(hidden_states), w13, w2, topk_weights, topk_ids,
+                              _act_name(activation), bool(apply_router_weight_on_input),
+                              w13_bias, w2_bias, expert_map, _bf16_bits(out), bool(inplace))
+    if out is not None:
+        return out
+    if inplace:
+        return hidden_states
+    return _wrap_out(res, hidden_states)
+
+
+def shared_expert(hidden_states: np.ndarray, w13: PackedExperts, w2: PackedExperts,
+                  fused_experts_out: np.ndarray, routed_scaling_factor: float = 1.0, *,
+                  out: Optional[np.ndarray] = None, inplace: bool = False) -> np.ndarray:
+    """Add a dense SwiGLU shared expert: ``fused_experts_out * routed_scaling_factor + FFN(x)``.
+
+    ``w13`` ``[1, 2I, H]`` and ``w2`` ``[1, H, I]`` are PackedExperts with one expert (any scheme).
+    The sum is computed in fp32 and rounded once to the dtype of ``hidden_states``;
+    ``inplace=True`` writes it into ``fused_experts_out`` (as SGLang's ``shared_expert_cpu``).
+    """
+    res = _core.shared_expert(_bf16_bits(hidden_states), w13, w2, _bf16_bits(fused_experts_out),
+                              float(routed_scaling_factor), _bf16_bits(out), bool(inplace))
+    if out is not None:
+        return out
+    if inplace:
+        return fused_experts_out
+    return _wrap_out(res, hidden_states)
+
+
+def select_experts(router_logits: np.ndarray, top_k: int, *, renormalize: bool = False,
+                   scoring_func: str = "softmax", use_grouped_topk: bool = False,
+                   num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
+                   e_score_correction_bias: Optional[np.ndarray] = None,
+                   routed_scaling_factor: float = 1.0) -> Tuple[np.ndarray, np.ndarray]:
+    """Route tokens to experts as vLLM's CPU ``select_experts`` does.
+
+    Args:
+        router_logits: float32 ``[M, E]``.
+        top_k: experts per token, in [1, E].
+        renormalize: make each token's weights sum to 1 (softmax over the selected logits).
+        scoring_func: "softmax" or "sigmoid".
+        use_grouped_topk: DeepSeek-style grouped selection (needs num_expert_group, topk_group).
+        e_score_correction_bias: float32 ``[E]``, added to the scores for selection only.
+        routed_scaling_factor: multiplies the final weights (in every mode).
+
+    Returns:
+        ``(topk_weights float32 [M, k], topk_ids int32 [M, k])``, columns by descending selection
+        score, ties to the lower expert index.
+    """
+    if use_grouped_topk and (num_expert_group is None or topk_group is None):
+        raise ValueError("use_grouped_topk=True needs num_expert_group and topk_group")
+    if not use_grouped_topk and (num_expert_group is not None or topk_group is not None):
+        raise ValueError("num_expert_group / topk_group are given but use_grouped_topk=False")
+    g = 0 if num_expert_group is None else _int_arg(num_expert_group, "num_expert_group")
+    t = 0 if topk_group is None else _int_arg(topk_group, "topk_group")
+    if not isinstance(scoring_func, str):
+        raise TypeError("scoring_func must be 'softmax' or 'sigmoid'")
+    return _core.select_experts(router_logits, _int_arg(top_k, "top_k"), bool(renormalize), scoring_func,
+                                bool(use_grouped_topk), g, t, e_score_correction_bias,
+                                float(routed_scaling_factor))
+
+
+def moe_align_block_size(topk_ids: np.ndarray, num_experts: int,
+                         block_size: int) -> Tuple[np.ndarray, np.ndarray, int]:
+    """Group the flattened (token, j) slots by expert, SGLang style.
+
+    Returns ``(sorted_ids, expert_ids, num_tokens_post_pad)``: slot indices ``m * k + j`` in
+    ascending expert then slot order, each expert's run padded to a multiple of ``block_size``
+    with the value ``M * k``; ``expert_ids[b]`` is the expert of block ``b``. ids of -1 are dropped.
+    """
+    return _core.moe_align_block_size(topk_ids, _int_arg(num_experts, "num_experts"),
+                                      _int_arg(block_size, "block_size"))
+
+
+_KIND_TO_ACT = {0: "silu", 1: "swigluoai_uninterleave", 2: "silu"}
+
+
+def dynamic_4bit_int_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
+                         w13_packed: PackedExperts, w2_packed: PackedExperts, H: int, I: int, I2: int,
+                         group_size: int, apply_router_weight_on_input: bool,
+                         activation_kind: int) -> np.ndarray:
+    """vLLM's ``dynamic_4bit_int_moe_cpu`` signature on int4_w4a8 PackedExperts.
+
+    ``I2`` must equal ``2 * I``; ``H``, ``I`` and ``group_size`` must match the packed weights.
+    ``activation_kind`` 0 and 2 compute ``silu``, 1 computes ``swigluoai_uninterleave``.
+    """
+    H, I, I2 = _int_arg(H, "H"), _int_arg(I, "I"), _int_arg(I2, "I2")
+    kind, g = _int_arg(activation_kind, "activation_kind"), _int_arg(group_size, "group_size")
+    if kind not in _KIND_TO_ACT:
+        raise ValueError(f"activation_kind = {kind} is unknown (expected 0 = SwiGLU, 1 = SwiGLU-OAI, 2 = SiLU)")
+    if I2 != 2 * I:
+        raise ValueError(f"I2 = {I2} must equal 2 * I = {2 * I}")
+    for name, w in (("w13_packed", w13_packed), ("w2_packed", w2_packed)):
+        if not isinstance(w, PackedExperts):
+            raise TypeError(f"{name} must be a PackedExperts, got {type(w).__name__}")
+        if w.scheme != "int4_w4a8":
+            raise ValueError(f"{name} is packed as {w.scheme}; dynamic_4bit_int_moe needs int4_w4a8")
+        if w.group_size != g:
+            raise ValueError(f"group_size = {g} does not match {name}.group_size = {w.group_size}")
+    if (w13_packed.out_features, w13_packed.in_features) != (I2, H):
+        raise ValueError(f"w13_packed is [E, {w13_packed.out_features}, {w13_packed.in_features}] "
+                         f"but [E, I2={I2}, H={H}] was expected")
+    if (w2_packed.out_features, w2_packed.in_features) != (H, I):
+        raise ValueError(f"w2_packed is [E, {w2_packed.out_features}, {w2_packed.in_features}] "
+                         f"but [E, H={H}, I={I}] was expected")
+    return fused_experts(x, w13_packed, w2_packed, topk_weights, topk_ids, activation=_KIND_TO_ACT[kind],
+                         apply_router_weight_on_input=apply_router_weight_on_input)
+
+
+def set_num_threads(n: int) -> None:
+    """Set the number of OpenMP threads used by every call (default: OpenMP's default)."""
+    _core.set_num_threads(_int_arg(n, "n"))
+
+
+def get_num_threads() -> int:
+    """The number of threads used by every call."""
+    return _core.get_num_threads()
+
+
+def cpu_features() -> dict:
+    """What the CPU has and what dispatch uses: ``{"detected": [...], "active": [...],
+    "isa": forced level, "kernels": {scheme: kernel name chosen now}}``."""
+    return {
+        "detected": list(_core.detected_features()),
+        "active": list(_core.active_features()),
+        "isa": _core.forced_isa(),
+        "kernels": {s: _core.selected_kernel(s) for s in SCHEMES},
+    }
+
+
+def force_isa(isa: str) -> None:
+    """Restrict dispatch to an ISA level ("native", "reference", "avx2", "avx512", "neon", ...),
+    like the ``MOE_CPU_ISA`` environment variable. Applies to weights packed afterwards."""
+    if not isinstance(isa, str):
+        raise TypeError("isa must be a str")
+    _core.force_isa(isa)

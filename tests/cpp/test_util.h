@@ -1,0 +1,44 @@
+// test_util.h — seeded random data and small helpers shared by the C++ tests.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace moe_cpu::test {
+
+// RNG seeded from the running test's full name, so every case is reproducible on its own.
+inline std::mt19937 rng_for_test() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = std::string(info->test_suite_name()) + "." + info->name();
+  return std::mt19937(uint32_t(std::hash<std::string>{}(name)));
+}
+
+inline std::vector<float> gaussian(std::mt19937& g, size_t n, float sigma = 1.f) {
+  std::normal_distribution<float> d(0.f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+inline std::vector<int8_t> ints(std::mt19937& g, size_t n, int lo, int hi) {
+  std::uniform_int_distribution<int> d(lo, hi);
+  std::vector<int8_t> v(n);
+  for (auto& x : v) x = int8_t(d(g));
+  return v;
+}
+
+// max |a - b| / max(|b|)
+inline double rel_max_err(const std::vector<float>& a, const std::vector<double>& b) {
+  double e = 0, m = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    e = std::max(e, std::fabs(double(a[i]) - b[i]));
+    m = std::max(m, std::fabs(b[i]));
+  }
+  return e / m;
+}
+
+}  // namespace moe_cpu::test

@@ -51,6 +51,30 @@ TEST(Fp8, EncodeRoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(float_to_e4m3fn(-1000.f), 0xfe);
 }
 
+// Nearest finite code by exhaustive search, ties to the even code; saturates at 448.
+uint8_t e4m3_nearest(float f) {
+  const double a = std::fabs(double(f));
+  int best = 0;
+  for (int c = 1; c <= 0x7e; ++c) {
+    const double d = std::fabs(e4m3_by_definition(c) - a), db = std::fabs(e4m3_by_definition(best) - a);
+    if (d < db || (d == db && (c & 1) == 0)) best = c;
+  }
+  return uint8_t((std::signbit(f) ? 0x80 : 0) | best);
+}
+
+TEST(Fp8, EncodeMatchesExhaustiveNearestSearch) {
+  auto g = test::rng_for_test();
+  std::uniform_real_distribution<float> expo(-12.f, 9.5f);
+  for (int i = 0; i < 20000; ++i) {
+    const float v = (i & 1 ? -1.f : 1.f) * std::exp2(expo(g));
+    ASSERT_EQ(float_to_e4m3fn(v), e4m3_nearest(v)) << "value " << v;
+  }
+  for (int c = 0; c < 0x7e; ++c) {  // exact midpoints between neighbouring codes
+    const float mid = float((e4m3_by_definition(c) + e4m3_by_definition(c + 1)) / 2);
+    ASSERT_EQ(float_to_e4m3fn(mid), e4m3_nearest(mid)) << "midpoint after code " << c;
+  }
+}
+
 TEST(Bf16, RoundsToNearestEven) {
   EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
   EXPECT_EQ(float_to_bf16(bits_to_float(0x3f808000u)), 0x3f80);  // tie, even stays

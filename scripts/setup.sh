@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs everything moe_cpu needs on a fresh Debian machine, then builds and installs the package.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+if ! dpkg -s libeigen3-dev libgtest-dev >/dev/null 2>&1; then
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq libeigen3-dev libgtest-dev g++ >/dev/null
+fi
+python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+python3 -m pip install -q cmake ninja scikit-build-core pybind11 numpy
+python3 -m pip install -q ".[test]"
+python3 -c "import moe_cpu; print('moe_cpu', moe_cpu.__version__, 'installed; kernels:', moe_cpu.cpu_features()['kernels'])"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs every test: the GoogleTest suite (plain and under ASan+UBSan) and pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-2}
+echo "== C++ tests (Release)"
+cmake -S . -B build/ctest -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null
+cmake --build build/ctest -j "$JOBS"
+ctest --test-dir build/ctest --output-on-failure -j "$JOBS" | tail -n 3
+echo "== C++ tests (ASan + UBSan)"
+cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOE_CPU_SANITIZE=ON -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null
+cmake --build build/asan -j "$JOBS"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build/asan --output-on-failure -j "$JOBS" | tail -n 3
+echo "== pytest"
+python3 -m pytest -q -p no:cacheprovider tests/python

@@ -12,4 +12,5 @@ cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOE_CPU_SANITIZE=ON
 cmake --build build/asan -j "$JOBS"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build/asan --output-on-failure -j "$JOBS" | tail -n 3
 echo "== pytest"
-python3 -m pytest -q -p no:cacheprovider tests/python
+# Run from tests/ so that the source tree (which has no built _core) does not shadow the installed package.
+(cd tests && python3 -m pytest -q -p no:cacheprovider python)

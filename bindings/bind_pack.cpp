@@ -108,26 +108,33 @@ py::dict unpack_quantized(const PackedExperts& p) {
 void bind_pack(py::module_& m) {
   py::class_<PackedExperts, Ptr>(m, "PackedExperts",
                                  "Expert weights [E, N, K] of one projection, packed in one scheme for one kernel.")
-      .def_property_readonly("scheme", [](const PackedExperts& p) { return scheme_name(p.scheme); })
-      .def_property_readonly("num_experts", [](const PackedExperts& p) { return p.num_experts; })
-      .def_property_readonly("out_features", [](const PackedExperts& p) { return p.out_features; })
-      .def_property_readonly("in_features", [](const PackedExperts& p) { return p.in_features; })
-      .def_property_readonly("group_size", [](const PackedExperts& p) { return p.group_size; })
+      .def_property_readonly("scheme", [](const PackedExperts& p) { return scheme_name(p.scheme); }, "Scheme name: int4_w4a8, int8_w8a8, fp8_w8a16 or bf16.")
+      .def_property_readonly("num_experts", [](const PackedExperts& p) { return p.num_experts; }, "E, the number of experts.")
+      .def_property_readonly("out_features", [](const PackedExperts& p) { return p.out_features; }, "N, output features per expert (rows of each weight matrix).")
+      .def_property_readonly("in_features", [](const PackedExperts& p) { return p.in_features; }, "K, input features per expert (the GEMM reduction length).")
+      .def_property_readonly("group_size", [](const PackedExperts& p) { return p.group_size; }, "int4/int8: scale group length along K, or -1 per channel; fp8: block_k; bf16: -1.")
       .def_property_readonly("block_size", [](const PackedExperts& p) -> py::object {
         if (p.scheme != Scheme::kFp8W8A16) return py::none();
         return py::make_tuple(p.block_n, p.group_size);
-      })
-      .def_property_readonly("has_zeros", [](const PackedExperts& p) { return p.has_zeros; })
-      .def_property_readonly("nbytes", [](const PackedExperts& p) { return p.nbytes(); })
-      .def_property_readonly("kernel", [](const PackedExperts& p) { return std::string(p.kernel->name); })
+      }, "fp8: (block_n, block_k); None for other schemes.")
+      .def_property_readonly("has_zeros", [](const PackedExperts& p) { return p.has_zeros; }, "True when int4 weights carry zero points.")
+      .def_property_readonly("nbytes", [](const PackedExperts& p) { return p.nbytes(); }, "Bytes of packed weights, scales and zero points.")
+      .def_property_readonly("kernel", [](const PackedExperts& p) { return std::string(p.kernel->name); }, "Name of the kernel the weights were packed for, e.g. w4a8_reference.")
       .def("unpack", [](const PackedExperts& p) {
         py::array_t<float> out({p.num_experts, p.out_features, p.in_features});
         float* dst = out.mutable_data();
         py::gil_scoped_release nogil;
         unpack(p, dst);
         return out;
-      })
-      .def("unpack_quantized", &unpack_quantized);
+      }, "Dequantized float32 weights [E, N, K].")
+      .def("unpack_quantized", &unpack_quantized,
+           "The stored codes and scales as arrays: int4 {qweight, scales, zeros}, int8 {qweight, scales}, "
+           "fp8 {weight, scale_inv}, bf16 {weight}.")
+      .def("__repr__", [](const PackedExperts& p) {
+        return msg("PackedExperts(scheme=", scheme_name(p.scheme), ", E=", p.num_experts, ", N=", p.out_features,
+                   ", K=", p.in_features, ", group_size=", p.group_size, ", kernel=", p.kernel->name,
+                   ", nbytes=", p.nbytes(), ")");
+      });
 
   m.def("pack_int4", [](py::handle q_h, py::handle s_h, int64_t group, py::handle z_h) {
     const bool zp = !z_h.is_none();

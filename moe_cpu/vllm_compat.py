@@ -1134,18 +1134,19 @@ class CPUExpertsInt4:
             w1: ``int4_w4a8`` PackedExperts ``[E_local, 2*I, hidden_dim]``
                 (gate rows then up rows; interleaved for SWIGLUOAI).
             w2: ``int4_w4a8`` PackedExperts ``[E_local, hidden_dim, I]``.
-            router_logits: ``[M, global_num_experts]`` floats (routed in float32).
+            router_logits: ``[M, global_num_experts]`` of any float dtype; converted
+                to C-contiguous float32 for routing (exact for bf16 and fp16).
             activation: SILU, SWIGLUOAI or SWIGLUSTEP (member or string value).
             global_num_experts: number of experts across all workers.
-            expert_map: None, or int ``[global_num_experts]`` mapping a global
-                expert id to this worker's local id, or -1 for experts held
-                elsewhere (they contribute nothing here).
+            expert_map: None, or integers ``[global_num_experts]`` (converted to
+                int32) mapping a global expert id to this worker's local id, or
+                -1 for experts held elsewhere (they contribute nothing here).
             a1q_scale: must be None; inputs are quantized dynamically per row.
             apply_router_weight_on_input: scale each input row by its router
                 weight before the experts instead of scaling the outputs.
             num_expert_group: number of expert groups for grouped top-k.
             e_score_correction_bias: float ``[global_num_experts]`` bias added to
-                the scores for selection only.
+                the scores for selection only (converted to float32).
             routed_scaling_factor: multiplies the routing weights (None -> 1.0).
             topk_group: number of groups kept by grouped top-k.
 

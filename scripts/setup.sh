@@ -10,4 +10,4 @@ fi
 python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 python3 -m pip install -q cmake ninja scikit-build-core pybind11 numpy
 python3 -m pip install -q ".[test]"
-(cd "${TMPDIR:-/tmp}" && python3 -c "import moe_cpu; print('moe_cpu', moe_cpu.__version__, 'installed; kernels:', moe_cpu.cpu_features()["kernels"])")
+(cd "${TMPDIR:-/tmp}" && python3 -c "import moe_cpu; print('moe_cpu', moe_cpu.__version__, 'installed; kernels:', moe_cpu.cpu_features()['kernels'])")

@@ -49,43 +49,53 @@ py::array int_scales(py::handle h, int64_t E, int64_t N, int64_t K, int64_t grou
   return s;
 }
 
-py::array codes_array(const PackedExperts& p, bool int_codes) {
+// The stored codes in [E, N, K] order: int4 q in [-8,7] (raw u in [0,15] with zero points),
+// int8 q, fp8 codes, bf16 bits.
+py::array codes_array(const PackedExperts& p) {
   const int64_t E = p.num_experts, N = p.out_features, K = p.in_features;
-  if (int_codes) {
-    const bool zp = p.has_zeros;
-    py::array out = zp ? py::array(py::dtype("uint8"), {E, N, K}) : py::array(py::dtype("int8"), {E, N, K});
-    auto* dst = static_cast<int8_t*>(out.mutable_data());
-    const int64_t G = p.num_groups(), gl = p.group_len();
-    for (int64_t r = 0; r < E * N; ++r) {
-      p.int_row(r / N, r % N, dst + r * K);
-      if (zp)  // int_row subtracts the zero points; give back the raw [0,15] codes
-        for (int64_t k = 0; k < K; ++k) dst[r * K + k] = int8_t(dst[r * K + k] + p.zeros.data()[r * G + k / gl]);
+  const char* dt = p.scheme == Scheme::kBf16 ? "uint16" : (p.scheme == Scheme::kFp8W8A16 || p.has_zeros) ? "uint8" : "int8";
+  py::array out(py::dtype(dt), {E, N, K});
+  const auto isz = out.itemsize();
+  auto* dst = static_cast<uint8_t*>(out.mutable_data());
+  std::vector<uint16_t> u(static_cast<size_t>(K));
+  for (int64_t r = 0; r < E * N; ++r) {
+    p.code_row(r / N, r % N, u.data());
+    const bool shift = is_int_scheme(p.scheme) && !p.has_zeros;  // signed q = u - implicit zero
+    for (int64_t k = 0; k < K; ++k) {
+      const int v = shift ? int(u[size_t(k)]) - p.zero(r / N, r % N, 0) : int(u[size_t(k)]);
+      if (isz == 2) reinterpret_cast<uint16_t*>(dst)[r * K + k] = uint16_t(v);
+      else dst[r * K + k] = uint8_t(v);
     }
-    return out;
   }
-  const bool bf = p.scheme == Scheme::kBf16;
-  py::array out = bf ? py::array(py::dtype("uint16"), {E, N, K}) : py::array(py::dtype("uint8"), {E, N, K});
-  std::memcpy(out.mutable_data(), p.qweight.data(), size_t(E * N * K) * (bf ? 2 : 1));
   return out;
+}
+
+// Scales back in checkpoint order: [E, N, G] (int), [E, ceil(N/bn), KB] (fp8).
+py::array scales_array(const PackedExperts& p) {
+  const bool fp8 = p.scheme == Scheme::kFp8W8A16;
+  const int64_t E = p.num_experts, G = p.num_groups(), step = fp8 ? p.block_n : 1;
+  const int64_t rows = (p.out_features + step - 1) / step;
+  py::array_t<float> s({E, rows, G});
+  float* d = s.mutable_data();
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t gi = 0; gi < G; ++gi) d[(e * rows + r) * G + gi] = p.scale(e, r * step, gi);
+  return s;
 }
 
 py::dict unpack_quantized(const PackedExperts& p) {
   py::dict d;
-  const int64_t E = p.num_experts;
-  auto scales = [&] {
-    py::array s(py::dtype("float32"), {E, p.scale_rows(), p.num_groups()});
-    std::memcpy(s.mutable_data(), p.scales.data(), p.scales.size());
-    return s;
-  };
+  const int64_t E = p.num_experts, N = p.out_features, G = p.num_groups();
   switch (p.scheme) {
     case Scheme::kInt4W4A8:
     case Scheme::kInt8W8A8:
-      d["qweight"] = codes_array(p, true);
-      d["scales"] = scales();
+      d["qweight"] = codes_array(p);
+      d["scales"] = scales_array(p);
       if (p.scheme == Scheme::kInt4W4A8) {
         if (p.has_zeros) {
-          py::array z(py::dtype("uint8"), {E, p.out_features, p.num_groups()});
-          std::memcpy(z.mutable_data(), p.zeros.data(), p.zeros.size());
+          py::array_t<uint8_t> z({E, N, G});
+          for (int64_t r = 0; r < E * N; ++r)
+            for (int64_t gi = 0; gi < G; ++gi) z.mutable_data()[r * G + gi] = uint8_t(p.zero(r / N, r % N, gi));
           d["zeros"] = z;
         } else {
           d["zeros"] = py::none();
@@ -93,11 +103,11 @@ py::dict unpack_quantized(const PackedExperts& p) {
       }
       break;
     case Scheme::kFp8W8A16:
-      d["weight"] = codes_array(p, false);
-      d["scale_inv"] = scales();
+      d["weight"] = codes_array(p);
+      d["scale_inv"] = scales_array(p);
       break;
     case Scheme::kBf16:
-      d["weight"] = codes_array(p, false);
+      d["weight"] = codes_array(p);
       break;
   }
   return d;
@@ -193,6 +203,13 @@ void bind_pack(py::module_& m) {
                           py::arg("isa") = k->isa, py::arg("mr") = k->mr, py::arg("nr") = k->nr));
     return out;
   });
-  m.def("selected_kernel", [](const std::string& scheme) { return std::string(select_kernel(parse_scheme(scheme))->name); },
-        py::arg("scheme"));
+  // The kernel dispatch would pick now for a typical layer (K = N = 4096, int4 g = 128, fp8 128x128).
+  m.def("selected_kernel", [](const std::string& scheme) {
+    PackedExperts p;
+    p.scheme = parse_scheme(scheme);
+    p.num_experts = 1, p.out_features = 4096, p.in_features = 4096;
+    p.group_size = p.scheme == Scheme::kInt4W4A8 || p.scheme == Scheme::kFp8W8A16 ? 128 : -1;
+    p.block_n = 128;
+    return std::string(select_kernel(p)->name);
+  }, py::arg("scheme"));
 }

@@ -102,7 +102,9 @@ TEST_P(Int4RoundTrip, UnpackIsExact) {
     const int zero = c.zeros ? z[row * G + gi] : 0;
     ASSERT_EQ(out[i], float(q[i] - zero) * s[row * G + gi]) << "flat index " << i;
   }
-  EXPECT_EQ(p.nbytes(), size_t(c.E * c.N * ((c.K + 1) / 2) + c.E * c.N * G * 4 + (c.zeros ? c.E * c.N * G : 0)));
+  // Blocked layout: 16-column panels, K padded to 8; scales (and zeros) per panel column.
+  const int64_t nb = (c.N + 15) / 16, kp = (c.K + 7) / 8 * 8;
+  EXPECT_EQ(p.nbytes(), size_t(c.E * nb * 16 * kp / 2 + c.E * nb * G * 16 * 4 + (c.zeros ? c.E * nb * G * 16 : 0)));
 }
 INSTANTIATE_TEST_SUITE_P(Groups, Int4RoundTrip,
                          ::testing::Values(Int4Case{2, 5, 64, 32, false}, Int4Case{1, 7, 128, 64, true},

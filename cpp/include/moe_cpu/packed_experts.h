@@ -1,12 +1,7 @@
-// packed_experts.h — expert weights of one projection in one scheme, packed for the kernel chosen
-// at pack time. Canonical (reference) layout, per expert e, row n (output feature), column k:
-//   int4_w4a8: qweight uint8 [E,N,ceil(K/2)], byte k/2 holds k even (low nibble) and k+1 (high);
-//              nibble u in [0,15] is q+8 (symmetric) or raw (with zeros); scales f32 [E,N,G];
-//              zeros uint8 [E,N,G] (only with zero points). Dequantized w = (u - z) * s, z = 8 if symmetric.
-//   int8_w8a8: qweight int8 [E,N,K]; scales f32 [E,N,G].
-//   fp8_w8a16: qweight uint8 e4m3fn codes [E,N,K]; scales f32 [E,ceil(N/bn),ceil(K/bk)] (multiply).
-//   bf16:      qweight uint16 bf16 bits [E,N,K].
-// G = K / group_len(): the number of scale groups along K.
+// packed_experts.h — expert weights of one projection in one scheme, in the blocked layout of
+// common/layout.h that every kernel reads (16-column panels, K padded to the scheme's k-step).
+// Dequantized weight: int4 (u - z) * s with z = 8 when symmetric; int8 (u - 128) * s;
+// fp8 e4m3fn(code) * s (s of the bn x bk block); bf16 the value. G = the scale groups along K.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -48,13 +43,19 @@ struct PackedExperts {
   // Length along K of one scale group (K for per channel, block_k for fp8).
   int64_t group_len() const;
   int64_t num_groups() const;       // along K
-  int64_t scale_rows() const;       // N for int schemes, ceil(N/bn) for fp8
+  int64_t padded_k() const;         // K rounded up to the layout's k-step
+  int64_t num_blocks() const;       // 16-column panels per expert
   size_t nbytes() const { return qweight.size() + scales.size() + zeros.size(); }
-  // Scale of (expert e, output row n, group gi).
-  float scale(int64_t e, int64_t n, int64_t gi) const {
-    int64_t r = scheme == Scheme::kFp8W8A16 ? n / block_n : n;
-    return scales.as<float>()[(e * scale_rows() + r) * num_groups() + gi];
+  // Weight panel of (expert e, column block b).
+  const uint8_t* panel(int64_t e, int64_t b) const;
+  // Index of (e, n, gi) in the scales / zeros arrays.
+  int64_t scale_index(int64_t e, int64_t n, int64_t gi) const {
+    return ((e * num_blocks() + n / 16) * num_groups() + gi) * 16 + n % 16;
   }
+  float scale(int64_t e, int64_t n, int64_t gi) const { return scales.as<float>()[scale_index(e, n, gi)]; }
+  int zero(int64_t e, int64_t n, int64_t gi) const;  // int schemes
+  // Raw stored codes of row (e, n): int4 u, int8 u = w + 128, fp8 code, bf16 bits (as uint16).
+  void code_row(int64_t e, int64_t n, uint16_t* out) const;
   // Integer weight codes of row (e, n) minus zero points, for int schemes: out[K].
   void int_row(int64_t e, int64_t n, int8_t* out) const;
   // Dequantized float weights of row (e, n): out[K].

@@ -19,11 +19,12 @@ const std::vector<const KernelDesc*>& all_kernels() {
   return list;
 }
 
-const KernelDesc* select_kernel(Scheme s) {
+const KernelDesc* select_kernel(const PackedExperts& w) {
   const uint64_t active = active_features();
   for (const KernelDesc* k : all_kernels())
-    if (k->scheme == s && (k->features & active) == k->features) return k;
-  throw ValueError(msg("no kernel registered for scheme ", scheme_name(s)));
+    if (k->scheme == w.scheme && (k->features & active) == k->features && (!k->supports || k->supports(w)))
+      return k;
+  throw ValueError(msg("no kernel registered for scheme ", scheme_name(w.scheme)));
 }
 
 }  // namespace moe_cpu

@@ -8,12 +8,16 @@
 
 namespace moe_cpu {
 
-// Activations of `rows` rows, ready for one GEMM with inner dimension K.
+// Activations of `rows` GEMM rows. Row r reads buffer row row_idx[r]; buffer rows have stride Kp
+// (K padded to the weight layout's k-step, the padding zero-filled).
 struct ActRows {
-  int64_t rows = 0, K = 0;
-  const int8_t* q = nullptr;        // int schemes: [rows, K] codes
-  const float* scale = nullptr;     //   and one scale per row
-  const uint16_t* bf16 = nullptr;   // bf16 / fp8 schemes: [rows, K] bf16 bits
+  int64_t rows = 0, Kp = 0;
+  const int32_t* row_idx = nullptr;
+  const int8_t* q = nullptr;       // int schemes: codes [*, Kp]
+  const float* scale = nullptr;    //   one scale per buffer row
+  const int32_t* asum = nullptr;   //   sum of the codes of each weight group: [*, G]
+  int64_t G = 0;
+  const uint16_t* bf16 = nullptr;  // bf16 / fp8 schemes: bf16 bits [*, Kp]
 };
 
 struct KernelDesc {
@@ -22,12 +26,17 @@ struct KernelDesc {
   const char* isa;
   int mr, nr;             // register tile (1x1 for the reference)
   uint64_t features;      // CpuFeature bits it needs
-  // c[r*ldc + n] = sum over k of a[r,k] * W[e][n,k] with the scheme's numerics, r < rows, n < N.
-  void (*gemm)(const PackedExperts& w, int64_t e, const ActRows& a, float* c, int64_t ldc);
+  // Shape limits beyond the scheme's own (nullptr: none).
+  bool (*supports)(const PackedExperts& w);
+  // For column blocks [b0, b1) of expert e (16 columns each, the last one cut at N):
+  // c[r * ldc + (n - 16 * b0)] = sum over k of a[r, k] * W[e][n, k] with the scheme's numerics.
+  void (*gemm)(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+               int64_t ldc);
 };
 
-// Best registered kernel for `s` under the active features (the reference always qualifies).
-const KernelDesc* select_kernel(Scheme s);
+// Best registered kernel for `w` (scheme and shape set) under the active features; the
+// reference always qualifies.
+const KernelDesc* select_kernel(const PackedExperts& w);
 // Every registered kernel, best first.
 const std::vector<const KernelDesc*>& all_kernels();
 

@@ -11,6 +11,7 @@
 #include "common/numeric.h"
 #include "common/parallel.h"
 #include "dispatch/registry.h"
+#include "common/layout.h"
 #include "moe/activations.h"
 #include "moe_cpu/errors.h"
 
@@ -25,31 +26,50 @@ void store(void* out, DType t, int64_t i, float v) {
   else static_cast<uint16_t*>(out)[i] = float_to_bf16(v);
 }
 
-// Activations of `rows` fp32 rows [rows, K], prepared for the scheme of the next GEMM.
-struct PreparedActs {
+// Activation rows prepared for one GEMM: int8 codes + row scale + per-group sums, or bf16 bits;
+// rows have stride Kp and zero padding.
+struct ActBuffer {
   std::vector<int8_t> q;
   std::vector<float> s;
+  std::vector<int32_t> asum;
   std::vector<uint16_t> b;
-  ActRows view;
-};
-void prepare(Scheme scheme, const float* x, int64_t rows, int64_t K, PreparedActs& p, const char* what,
-             int64_t expert) {
-  p.view = ActRows{rows, K, nullptr, nullptr, nullptr};
-  if (is_int_scheme(scheme)) {
-    p.q.resize(size_t(rows * K));
-    p.s.resize(size_t(rows));
-    for (int64_t r = 0; r < rows; ++r)
-      if (!quantize_row_int8(x + r * K, K, p.q.data() + r * K, p.s.data() + r))
-        throw ValueError(msg("non-finite ", what, " in expert ", expert,
-                             " cannot be quantized to int8 (check the inputs and weights for overflow)"));
-    p.view.q = p.q.data();
-    p.view.scale = p.s.data();
-  } else {
-    p.b.resize(size_t(rows * K));
-    for (int64_t i = 0; i < rows * K; ++i) p.b[size_t(i)] = float_to_bf16(x[i]);
-    p.view.bf16 = p.b.data();
+  int64_t K = 0, Kp = 0, gl = 0, G = 0;
+  bool int_scheme = false;
+
+  void reset(const PackedExperts& w, int64_t rows) {
+    K = w.in_features, Kp = w.padded_k(), gl = w.group_len(), G = w.num_groups();
+    int_scheme = is_int_scheme(w.scheme);
+    if (int_scheme) {
+      q.assign(static_cast<size_t>(rows * Kp), 0);
+      s.resize(static_cast<size_t>(rows));
+      asum.resize(static_cast<size_t>(rows * G));
+    } else {
+      b.assign(static_cast<size_t>(rows * Kp), 0);
+    }
   }
-}
+  // Fills buffer row `row` from fp32 values x[K]; `what` names the values in errors.
+  void set_row(int64_t row, const float* x, const char* what) {
+    if (!int_scheme) {
+      for (int64_t k = 0; k < K; ++k) b[size_t(row * Kp + k)] = float_to_bf16(x[k]);
+      return;
+    }
+    int8_t* qr = q.data() + row * Kp;
+    if (!quantize_row_int8(x, K, qr, &s[size_t(row)]))
+      throw ValueError(msg("non-finite ", what, " cannot be quantized to int8 (check the inputs and weights for overflow)"));
+    for (int64_t gi = 0; gi < G; ++gi) {
+      int32_t sum = 0;
+      for (int64_t k = gi * gl; k < std::min(K, (gi + 1) * gl); ++k) sum += qr[k];
+      asum[size_t(row * G + gi)] = sum;
+    }
+  }
+  ActRows view(const int32_t* row_idx, int64_t rows) const {
+    ActRows a;
+    a.rows = rows, a.Kp = Kp, a.row_idx = row_idx, a.G = G;
+    if (int_scheme) a.q = q.data(), a.scale = s.data(), a.asum = asum.data();
+    else a.bf16 = b.data();
+    return a;
+  }
+};
 
 int64_t id_at(const FusedMoeArgs& a, int64_t s) {
   return a.ids_int64 ? static_cast<const int64_t*>(a.topk_ids)[s] : static_cast<const int32_t*>(a.topk_ids)[s];
@@ -103,53 +123,116 @@ void check_args(const FusedMoeArgs& a) {
 
 }  // namespace
 
-void fused_experts(const FusedMoeArgs& a) {
-  check_args(a);
-  const PackedExperts &w13 = *a.w13, &w2 = *a.w2;
-  const int64_t E = w13.num_experts, H = a.H, I = w2.in_features, M = a.M, k = a.k;
-  if (M == 0) return;
-  const std::vector<int32_t> ids = local_ids(a, E);
-  const AlignedRows rows = moe_align_block_size(ids.data(), M * k, E, 1);
-  // Start of each expert's run in rows.sorted_ids (block 1: no padding).
-  std::vector<int64_t> begin(static_cast<size_t>(E + 1), 0);
-  for (int32_t e : rows.expert_ids) ++begin[size_t(e) + 1];
-  for (int64_t e = 0; e < E; ++e) begin[size_t(e + 1)] += begin[size_t(e)];
+namespace {
 
-  std::vector<float> y(static_cast<size_t>(M * k * H), 0.f);  // per-slot expert outputs
-  parallel_for(E, [&](int64_t e) {
-    const int64_t r0 = begin[size_t(e)], R = begin[size_t(e + 1)] - r0;
-    if (R == 0) return;
-    const int32_t* slots = rows.sorted_ids.data() + r0;
-    std::vector<float> xin(static_cast<size_t>(R * H)), c1(size_t(R * 2 * I)), act(size_t(R * I)), c2(size_t(R * H));
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t m = slots[r] / k;
-      const float wr = a.apply_router_weight_on_input ? a.topk_weights[slots[r]] : 1.f;
-      for (int64_t h = 0; h < H; ++h) xin[size_t(r * H + h)] = load(a.x, a.dtype, m * H + h) * wr;
+constexpr int64_t kTileBlocks = 4;            // 16-column blocks per GEMM task
+constexpr int64_t kScratchBytes = 48 << 20;   // bound on the per-chunk scratch
+
+struct Task {
+  int64_t e, b0, b1;
+};
+// (expert, column tile) tasks for experts that have rows.
+std::vector<Task> tasks_for(const std::vector<int64_t>& begin, int64_t blocks) {
+  std::vector<Task> t;
+  for (size_t e = 0; e + 1 < begin.size(); ++e)
+    if (begin[e + 1] > begin[e])
+      for (int64_t b = 0; b < blocks; b += kTileBlocks) t.push_back({int64_t(e), b, std::min(blocks, b + kTileBlocks)});
+  return t;
+}
+
+// One chunk of tokens [m0, m1): every phase runs over all experts before the next one starts.
+void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m0, int64_t m1) {
+  const PackedExperts &w13 = *a.w13, &w2 = *a.w2;
+  const int64_t E = w13.num_experts, H = a.H, I = w2.in_features, k = a.k, N1 = 2 * I;
+  // 1. Rows by expert: position p of slot s (slots are m*k + j, local to the chunk).
+  const int64_t S = (m1 - m0) * k;
+  std::vector<int64_t> begin(static_cast<size_t>(E + 1), 0);
+  for (int64_t s = 0; s < S; ++s)
+    if (ids[size_t(m0 * k + s)] >= 0) ++begin[size_t(ids[size_t(m0 * k + s)] + 1)];
+  for (int64_t e = 0; e < E; ++e) begin[size_t(e + 1)] += begin[size_t(e)];
+  const int64_t P = begin[size_t(E)];
+  if (P == 0) return;
+  std::vector<int32_t> slot_of(static_cast<size_t>(P)), pos_of(static_cast<size_t>(S), -1);
+  {
+    std::vector<int64_t> next(begin.begin(), begin.end() - 1);
+    for (int64_t s = 0; s < S; ++s) {
+      const int32_t e = ids[size_t(m0 * k + s)];
+      if (e < 0) continue;
+      const int64_t p = next[size_t(e)]++;
+      slot_of[size_t(p)] = int32_t(s), pos_of[size_t(s)] = int32_t(p);
     }
-    PreparedActs p;
-    prepare(w13.scheme, xin.data(), R, H, p, "hidden state", e);
-    w13.kernel->gemm(w13, e, p.view, c1.data(), 2 * I);
-    if (a.w13_bias)
-      for (int64_t r = 0; r < R; ++r)
-        for (int64_t n = 0; n < 2 * I; ++n) c1[size_t(r * 2 * I + n)] += a.w13_bias[e * 2 * I + n];
-    for (int64_t r = 0; r < R; ++r) apply_activation(a.activation, c1.data() + r * 2 * I, I, act.data() + r * I);
-    prepare(w2.scheme, act.data(), R, I, p, "activation output", e);
-    w2.kernel->gemm(w2, e, p.view, c2.data(), H);
-    for (int64_t r = 0; r < R; ++r) {
-      const float wr = a.apply_router_weight_on_input ? 1.f : a.topk_weights[slots[r]];
-      float* dst = y.data() + int64_t(slots[r]) * H;
-      for (int64_t h = 0; h < H; ++h)
-        dst[h] = (c2[size_t(r * H + h)] + (a.w2_bias ? a.w2_bias[e * H + h] : 0.f)) * wr;
-    }
+  }
+  // 2. GEMM1 activations: once per token, or per (token, expert) row when the router weight scales the input.
+  const bool per_slot = a.apply_router_weight_on_input;
+  ActBuffer a1;
+  a1.reset(w13, per_slot ? S : m1 - m0);
+  parallel_for(per_slot ? S : m1 - m0, [&](int64_t r) {
+    const int64_t m = m0 + (per_slot ? r / k : r);
+    const float wr = per_slot ? a.topk_weights[m0 * k + r] : 1.f;
+    std::vector<float> row(static_cast<size_t>(H));
+    for (int64_t h = 0; h < H; ++h) row[size_t(h)] = load(a.x, a.dtype, m * H + h) * wr;
+    a1.set_row(r, row.data(), "hidden state");
   });
-  parallel_for(M, [&](int64_t m) {
+  std::vector<int32_t> a1_idx(static_cast<size_t>(P)), iota(static_cast<size_t>(P));
+  for (int64_t p = 0; p < P; ++p) a1_idx[size_t(p)] = per_slot ? slot_of[size_t(p)] : slot_of[size_t(p)] / int32_t(k), iota[size_t(p)] = int32_t(p);
+  // 3. GEMM1 into c1 [P, 2I] in expert order.
+  std::vector<float> c1(static_cast<size_t>(P * N1));
+  const std::vector<Task> t1 = tasks_for(begin, w13.num_blocks());
+  parallel_for(int64_t(t1.size()), [&](int64_t i) {
+    const Task& t = t1[size_t(i)];
+    const int64_t p0 = begin[size_t(t.e)];
+    w13.kernel->gemm(w13, t.e, t.b0, t.b1, a1.view(a1_idx.data() + p0, begin[size_t(t.e + 1)] - p0),
+                     c1.data() + p0 * N1 + 16 * t.b0, N1);
+  });
+  // 4. Bias, activation and the GEMM2 activations, per row.
+  ActBuffer a2;
+  a2.reset(w2, P);
+  parallel_for(P, [&](int64_t p) {
+    const int64_t e = ids[size_t(m0 * k + slot_of[size_t(p)])];
+    float* y = c1.data() + p * N1;
+    if (a.w13_bias)
+      for (int64_t n = 0; n < N1; ++n) y[n] += a.w13_bias[e * N1 + n];
+    std::vector<float> act(static_cast<size_t>(I));
+    apply_activation(a.activation, y, I, act.data());
+    a2.set_row(p, act.data(), "activation output");
+  });
+  // 5. GEMM2 into c2 [P, H].
+  std::vector<float>().swap(c1);
+  std::vector<float> c2(static_cast<size_t>(P * H));
+  const std::vector<Task> t2 = tasks_for(begin, w2.num_blocks());
+  parallel_for(int64_t(t2.size()), [&](int64_t i) {
+    const Task& t = t2[size_t(i)];
+    const int64_t p0 = begin[size_t(t.e)];
+    w2.kernel->gemm(w2, t.e, t.b0, t.b1, a2.view(iota.data() + p0, begin[size_t(t.e + 1)] - p0),
+                    c2.data() + p0 * H + 16 * t.b0, H);
+  });
+  // 6. Per token: (row + bias) * router weight, summed over j in order, rounded once.
+  parallel_for(m1 - m0, [&](int64_t r) {
+    const int64_t m = m0 + r;
     for (int64_t h = 0; h < H; ++h) {
       float acc = 0.f;
-      for (int64_t j = 0; j < k; ++j)
-        if (ids[size_t(m * k + j)] >= 0) acc += y[size_t((m * k + j) * H + h)];
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t p = pos_of[size_t(r * k + j)];
+        if (p < 0) continue;
+        const int64_t e = ids[size_t(m * k + j)];
+        const float wr = a.apply_router_weight_on_input ? 1.f : a.topk_weights[m * k + j];
+        acc += (c2[size_t(p * H + h)] + (a.w2_bias ? a.w2_bias[e * H + h] : 0.f)) * wr;
+      }
       store(a.out, a.dtype, m * H + h, acc);
     }
   });
+}
+
+}  // namespace
+
+void fused_experts(const FusedMoeArgs& a) {
+  check_args(a);
+  if (a.M == 0) return;
+  const std::vector<int32_t> ids = local_ids(a, a.w13->num_experts);
+  // Tokens per chunk: bounded scratch (c1, c2 and the activation rows of k slots per token).
+  const int64_t per_token = a.k * (2 * a.w2->in_features + a.H + a.H + a.w2->in_features) * 4;
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(a.M, kScratchBytes / std::max<int64_t>(1, per_token)));
+  for (int64_t m0 = 0; m0 < a.M; m0 += chunk) run_chunk(a, ids, m0, std::min(a.M, m0 + chunk));
 }
 
 void shared_expert(const void* x, DType dtype, int64_t M, int64_t H, const PackedExperts& w13,

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/layout.h"
 #include "common/numeric.h"
 #include "common/parallel.h"
 #include "dispatch/registry.h"
@@ -28,46 +29,65 @@ int64_t PackedExperts::num_groups() const {
   const int64_t gl = group_len();
   return gl > 0 ? (in_features + gl - 1) / gl : 0;
 }
-int64_t PackedExperts::scale_rows() const {
-  return scheme == Scheme::kFp8W8A16 ? (out_features + block_n - 1) / block_n : out_features;
+int64_t PackedExperts::padded_k() const { return layout::padded_k(scheme, in_features); }
+int64_t PackedExperts::num_blocks() const { return layout::num_blocks(out_features); }
+
+const uint8_t* PackedExperts::panel(int64_t e, int64_t b) const {
+  return qweight.data() + (e * num_blocks() + b) * layout::panel_bytes(scheme, in_features);
+}
+
+int PackedExperts::zero(int64_t e, int64_t n, int64_t gi) const {
+  return has_zeros ? zeros.data()[scale_index(e, n, gi)] : layout::implicit_zero(scheme);
+}
+
+void PackedExperts::code_row(int64_t e, int64_t n, uint16_t* out) const {
+  const int64_t K = in_features, steps = padded_k() / layout::k_step(scheme), c = n % 16;
+  const uint8_t* p = panel(e, n / 16);
+  for (int64_t t = 0; t < steps; ++t) {
+    const uint8_t* row = p + t * layout::step_bytes(scheme);
+    switch (scheme) {
+      case Scheme::kInt4W4A8:
+        for (int i = 0; i < 4; ++i) {
+          if (8 * t + i < K) out[8 * t + i] = row[4 * c + i] & 0xf;
+          if (8 * t + 4 + i < K) out[8 * t + 4 + i] = row[4 * c + i] >> 4;
+        }
+        break;
+      case Scheme::kInt8W8A8:
+        for (int i = 0; i < 4; ++i)
+          if (4 * t + i < K) out[4 * t + i] = row[4 * c + i];
+        break;
+      case Scheme::kFp8W8A16:
+        for (int i = 0; i < 2; ++i)
+          if (2 * t + i < K) out[2 * t + i] = row[2 * c + i];
+        break;
+      case Scheme::kBf16:
+        for (int i = 0; i < 2; ++i)
+          if (2 * t + i < K) out[2 * t + i] = reinterpret_cast<const uint16_t*>(row)[2 * c + i];
+        break;
+    }
+  }
 }
 
 void PackedExperts::int_row(int64_t e, int64_t n, int8_t* out) const {
-  const int64_t K = in_features, row = e * out_features + n;
-  if (scheme == Scheme::kInt8W8A8) {
-    std::memcpy(out, qweight.as<int8_t>() + row * K, size_t(K));
-    return;
-  }
-  const uint8_t* q = qweight.data() + row * ((K + 1) / 2);
-  const int64_t gl = group_len(), G = num_groups();
-  const uint8_t* z = has_zeros ? zeros.data() + row * G : nullptr;
-  for (int64_t k = 0; k < K; ++k) {
-    const int u = (k & 1) ? (q[k / 2] >> 4) : (q[k / 2] & 0xf);
-    out[k] = int8_t(u - (z ? z[k / gl] : 8));
-  }
+  const int64_t K = in_features, gl = group_len();
+  std::vector<uint16_t> u(static_cast<size_t>(K));
+  code_row(e, n, u.data());
+  for (int64_t k = 0; k < K; ++k) out[k] = int8_t(int(u[size_t(k)]) - zero(e, n, k / gl));
 }
 
 void PackedExperts::dequant_row(int64_t e, int64_t n, float* out) const {
-  const int64_t K = in_features, row = e * out_features + n, gl = group_len();
-  switch (scheme) {
-    case Scheme::kInt4W4A8:
-    case Scheme::kInt8W8A8: {
-      std::vector<int8_t> q(K);
-      int_row(e, n, q.data());
-      for (int64_t k = 0; k < K; ++k) out[k] = float(q[k]) * scale(e, n, k / gl);
-      break;
-    }
-    case Scheme::kFp8W8A16: {
-      const uint8_t* c = qweight.as<uint8_t>() + row * K;
-      for (int64_t k = 0; k < K; ++k) out[k] = e4m3fn_to_float(c[k]) * scale(e, n, k / gl);
-      break;
-    }
-    case Scheme::kBf16: {
-      const uint16_t* b = qweight.as<uint16_t>() + row * K;
-      for (int64_t k = 0; k < K; ++k) out[k] = bf16_to_float(b[k]);
-      break;
-    }
+  const int64_t K = in_features, gl = group_len();
+  if (is_int_scheme(scheme)) {
+    std::vector<int8_t> q(static_cast<size_t>(K));
+    int_row(e, n, q.data());
+    for (int64_t k = 0; k < K; ++k) out[k] = float(q[size_t(k)]) * scale(e, n, k / gl);
+    return;
   }
+  std::vector<uint16_t> u(static_cast<size_t>(K));
+  code_row(e, n, u.data());
+  for (int64_t k = 0; k < K; ++k)
+    out[k] = scheme == Scheme::kBf16 ? bf16_to_float(u[size_t(k)])
+                                     : e4m3fn_to_float(uint8_t(u[size_t(k)])) * scale(e, n, k / gl);
 }
 
 void unpack(const PackedExperts& p, float* out) {
@@ -106,8 +126,42 @@ PackedExperts make(Scheme s, int64_t E, int64_t N, int64_t K, int64_t g) {
   PackedExperts p;
   p.scheme = s;
   p.num_experts = E, p.out_features = N, p.in_features = K, p.group_size = g;
-  p.kernel = select_kernel(s);
+  p.qweight = AlignedBuffer(size_t(E * p.num_blocks() * layout::panel_bytes(s, K)));
   return p;
+}
+
+// Writes code(e, n, k) (< 256 for byte schemes) into the panels, one (expert, row) per task.
+template <class F>
+void fill_codes(PackedExperts& p, F&& code) {
+  const int64_t N = p.out_features, K = p.in_features, step = layout::k_step(p.scheme);
+  const int64_t sb = layout::step_bytes(p.scheme);
+  parallel_for(p.num_experts * N, [&](int64_t row) {
+    const int64_t e = row / N, n = row % N, c = n % 16;
+    uint8_t* panel = const_cast<uint8_t*>(p.panel(e, n / 16));
+    for (int64_t k = 0; k < K; ++k) {
+      uint8_t* r = panel + (k / step) * sb;
+      const int64_t i = k % step;
+      const unsigned v = code(e, n, k);
+      switch (p.scheme) {
+        case Scheme::kInt4W4A8: r[4 * c + i % 4] |= uint8_t(i < 4 ? v : v << 4); break;
+        case Scheme::kInt8W8A8: r[4 * c + i] = uint8_t(v); break;
+        case Scheme::kFp8W8A16: r[2 * c + i] = uint8_t(v); break;
+        case Scheme::kBf16: reinterpret_cast<uint16_t*>(r)[2 * c + i] = uint16_t(v); break;
+      }
+    }
+  });
+}
+
+// Scales (and zero points) into [E][NB][G][16] order; src(e, n, gi) gives the value.
+template <class T, class F>
+AlignedBuffer blocked(const PackedExperts& p, F&& src) {
+  const int64_t G = p.num_groups();
+  AlignedBuffer b(size_t(p.num_experts * p.num_blocks() * G * 16) * sizeof(T));
+  T* d = b.as<T>();
+  for (int64_t e = 0; e < p.num_experts; ++e)
+    for (int64_t n = 0; n < p.out_features; ++n)
+      for (int64_t gi = 0; gi < G; ++gi) d[p.scale_index(e, n, gi)] = T(src(e, n, gi));
+  return b;
 }
 
 }  // namespace
@@ -117,7 +171,7 @@ PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
   check_dims(E, N, K);
   check_group(group_size, K, true);
   PackedExperts p = make(Scheme::kInt4W4A8, E, N, K, group_size);
-  const int64_t G = p.num_groups(), kb = (K + 1) / 2;
+  const int64_t G = p.num_groups();
   const bool zp = zeros != nullptr;
   for (int64_t i = 0; i < E * N * K; ++i) {
     const int v = zp ? int(uint8_t(q[i])) : int(q[i]);
@@ -130,21 +184,13 @@ PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
     for (int64_t i = 0; i < E * N * G; ++i)
       if (zeros[i] > 15) throw ValueError(msg("zeros flat index ", i, " = ", int(zeros[i]), " is outside [0, 15]"));
   p.has_zeros = zp;
-  p.qweight = AlignedBuffer(size_t(E * N * kb));
-  p.scales = AlignedBuffer(size_t(E * N * G) * 4);
-  std::memcpy(p.scales.data(), scales, size_t(E * N * G) * 4);
-  if (zp) {
-    p.zeros = AlignedBuffer(size_t(E * N * G));
-    std::memcpy(p.zeros.data(), zeros, size_t(E * N * G));
-  }
-  uint8_t* dst = p.qweight.data();
-  parallel_for(E * N, [&](int64_t row) {
-    const int8_t* src = q + row * K;
-    for (int64_t k = 0; k < K; ++k) {
-      const uint8_t u = zp ? uint8_t(src[k]) : uint8_t(src[k] + 8);
-      dst[row * kb + k / 2] |= (k & 1) ? uint8_t(u << 4) : u;
-    }
+  p.scales = blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) { return scales[(e * N + n) * G + gi]; });
+  if (zp) p.zeros = blocked<uint8_t>(p, [&](int64_t e, int64_t n, int64_t gi) { return zeros[(e * N + n) * G + gi]; });
+  fill_codes(p, [&](int64_t e, int64_t n, int64_t k) {
+    const int8_t v = q[(e * N + n) * K + k];
+    return zp ? unsigned(uint8_t(v)) : unsigned(v + 8);
   });
+  p.kernel = select_kernel(p);
   return p;
 }
 
@@ -155,10 +201,9 @@ PackedExperts pack_int8(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
   PackedExperts p = make(Scheme::kInt8W8A8, E, N, K, group_size);
   const int64_t G = p.num_groups();
   check_scales(scales, E * N * G, "scales");
-  p.qweight = AlignedBuffer(size_t(E * N * K));
-  std::memcpy(p.qweight.data(), q, size_t(E * N * K));
-  p.scales = AlignedBuffer(size_t(E * N * G) * 4);
-  std::memcpy(p.scales.data(), scales, size_t(E * N * G) * 4);
+  p.scales = blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) { return scales[(e * N + n) * G + gi]; });
+  fill_codes(p, [&](int64_t e, int64_t n, int64_t k) { return unsigned(q[(e * N + n) * K + k] + 128); });
+  p.kernel = select_kernel(p);
   return p;
 }
 
@@ -173,12 +218,14 @@ PackedExperts pack_fp8(const uint8_t* codes, int64_t E, int64_t N, int64_t K, co
     if (e4m3fn_is_nan(codes[i]))
       throw ValueError(msg("weight flat index ", i, " is an e4m3fn NaN code (0x", std::hex, int(codes[i]),
                            "); fp8 weights must be finite"));
-  const int64_t ns = E * p.scale_rows() * p.num_groups();
+  const int64_t ns = E * ((N + block_n - 1) / block_n) * p.num_groups();
   check_scales(scale_inv, ns, "scale_inv");
-  p.qweight = AlignedBuffer(size_t(E * N * K));
-  std::memcpy(p.qweight.data(), codes, size_t(E * N * K));
-  p.scales = AlignedBuffer(size_t(ns) * 4);
-  std::memcpy(p.scales.data(), scale_inv, size_t(ns) * 4);
+  const int64_t nbn = (N + block_n - 1) / block_n, kb = p.num_groups();
+  p.scales = blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) {
+    return scale_inv[(e * nbn + n / block_n) * kb + gi];
+  });
+  fill_codes(p, [&](int64_t e, int64_t n, int64_t k) { return unsigned(codes[(e * N + n) * K + k]); });
+  p.kernel = select_kernel(p);
   return p;
 }
 
@@ -189,8 +236,8 @@ PackedExperts pack_bf16(const uint16_t* bits, int64_t E, int64_t N, int64_t K) {
     if ((bits[i] & 0x7f80) == 0x7f80)
       throw ValueError(msg("weight flat index ", i, " is not finite (bf16 bits 0x", std::hex, bits[i],
                            "); weights must be finite"));
-  p.qweight = AlignedBuffer(size_t(E * N * K) * 2);
-  std::memcpy(p.qweight.data(), bits, size_t(E * N * K) * 2);
+  fill_codes(p, [&](int64_t e, int64_t n, int64_t k) { return unsigned(bits[(e * N + n) * K + k]); });
+  p.kernel = select_kernel(p);
   return p;
 }
 

@@ -1,10 +1,9 @@
-// reference_kernels.cpp — Eigen reference GEMMs of every precision, on the canonical layout.
-// Layout: the canonical PackedExperts layout (packed_experts.h); weights are unpacked per call.
+// reference_kernels.cpp — Eigen reference GEMMs of every precision, read through the layout accessors.
 // Numerics: int schemes take exact integer dot products inside each scale group (in float while
-//   group_len*127*15 < 2^24, else in double), scale them per (row n, group) and sum the groups in
+//   group_len*127*15 < 2^24, else in double), scale them per (column, group) and sum the groups in
 //   fp32, then multiply by the row's activation scale. fp8: bf16 activations x e4m3 values per
 //   K-block (exact products, fp32 sums), times the block scale. bf16: fp32 sums of exact products.
-// Needs: nothing. Limits: none (any M, N, K).
+// Needs: nothing. Limits: none (any M, N, K, group).
 #include <Eigen/Core>
 
 #include "common/numeric.h"
@@ -16,79 +15,93 @@ namespace {
 template <class T>
 using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-// acc[r,n] += P[r,n] * scale(e, n, gi), group by group.
+struct Cols {
+  int64_t n0, count;
+};
+Cols cols_of(const PackedExperts& w, int64_t b0, int64_t b1) {
+  const int64_t n0 = 16 * b0;
+  return {n0, std::min(w.out_features, 16 * b1) - n0};
+}
+
+// acc[r, j] = sum over groups of P_g[r, j] * scale(e, n0 + j, g).
 template <class T>
-void grouped_gemm(const PackedExperts& w, int64_t e, const Mat<T>& A, const Mat<T>& W,
-                  Mat<float>& acc) {
+Mat<float> grouped_gemm(const PackedExperts& w, int64_t e, Cols cols, const Mat<T>& A, const Mat<T>& W) {
   const int64_t gl = w.group_len(), K = w.in_features;
-  acc.setZero(A.rows(), W.rows());
+  Mat<float> acc = Mat<float>::Zero(A.rows(), W.rows());
   Mat<T> P;
   for (int64_t gi = 0; gi < w.num_groups(); ++gi) {
     const int64_t k0 = gi * gl, len = std::min(gl, K - k0);
     P.noalias() = A.middleCols(k0, len) * W.middleCols(k0, len).transpose();
-    for (int64_t n = 0; n < W.rows(); ++n) {
-      const float s = w.scale(e, n, gi);
-      for (int64_t r = 0; r < A.rows(); ++r) acc(r, n) += float(P(r, n)) * s;
+    for (int64_t j = 0; j < W.rows(); ++j) {
+      const float s = w.scale(e, cols.n0 + j, gi);
+      for (int64_t r = 0; r < A.rows(); ++r) acc(r, j) += float(P(r, j)) * s;
     }
   }
+  return acc;
+}
+
+void store(const Mat<float>& acc, const float* row_scale, const ActRows& a, float* c, int64_t ldc) {
+  for (int64_t r = 0; r < acc.rows(); ++r)
+    for (int64_t j = 0; j < acc.cols(); ++j)
+      c[r * ldc + j] = row_scale ? acc(r, j) * row_scale[a.row_idx[r]] : acc(r, j);
 }
 
 template <class T>
-void int_gemm_as(const PackedExperts& w, int64_t e, const ActRows& a, float* c, int64_t ldc) {
-  const int64_t N = w.out_features, K = w.in_features;
-  Mat<T> A(a.rows, K), W(N, K);
+void int_gemm_as(const PackedExperts& w, int64_t e, Cols cols, const ActRows& a, float* c, int64_t ldc) {
+  const int64_t K = w.in_features;
+  Mat<T> A(a.rows, K), W(cols.count, K);
   for (int64_t r = 0; r < a.rows; ++r)
-    for (int64_t k = 0; k < K; ++k) A(r, k) = T(a.q[r * K + k]);
-  std::vector<int8_t> row(K);
-  for (int64_t n = 0; n < N; ++n) {
-    w.int_row(e, n, row.data());
-    for (int64_t k = 0; k < K; ++k) W(n, k) = T(row[k]);
+    for (int64_t k = 0; k < K; ++k) A(r, k) = T(a.q[a.row_idx[r] * a.Kp + k]);
+  std::vector<int8_t> row(static_cast<size_t>(K));
+  for (int64_t j = 0; j < cols.count; ++j) {
+    w.int_row(e, cols.n0 + j, row.data());
+    for (int64_t k = 0; k < K; ++k) W(j, k) = T(row[size_t(k)]);
   }
-  Mat<float> acc;
-  grouped_gemm(w, e, A, W, acc);
-  for (int64_t r = 0; r < a.rows; ++r)
-    for (int64_t n = 0; n < N; ++n) c[r * ldc + n] = acc(r, n) * a.scale[r];
+  store(grouped_gemm(w, e, cols, A, W), a.scale, a, c, ldc);
 }
 
-void int_gemm(const PackedExperts& w, int64_t e, const ActRows& a, float* c, int64_t ldc) {
+void int_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
   // |sum| <= len * 127 * 15 must stay below 2^24 for float sums to be exact.
-  if (w.group_len() * 127 * 15 < (int64_t(1) << 24)) int_gemm_as<float>(w, e, a, c, ldc);
-  else int_gemm_as<double>(w, e, a, c, ldc);
+  if (w.group_len() * 127 * 15 < (int64_t(1) << 24)) int_gemm_as<float>(w, e, cols_of(w, b0, b1), a, c, ldc);
+  else int_gemm_as<double>(w, e, cols_of(w, b0, b1), a, c, ldc);
 }
 
-Mat<float> bf16_rows(const ActRows& a) {
-  Mat<float> A(a.rows, a.K);
+Mat<float> bf16_rows(const ActRows& a, int64_t K) {
+  Mat<float> A(a.rows, K);
   for (int64_t r = 0; r < a.rows; ++r)
-    for (int64_t k = 0; k < a.K; ++k) A(r, k) = bf16_to_float(a.bf16[r * a.K + k]);
+    for (int64_t k = 0; k < K; ++k) A(r, k) = bf16_to_float(a.bf16[a.row_idx[r] * a.Kp + k]);
   return A;
 }
 
-void fp8_gemm(const PackedExperts& w, int64_t e, const ActRows& a, float* c, int64_t ldc) {
-  const int64_t N = w.out_features, K = w.in_features;
-  const uint8_t* codes = w.qweight.as<uint8_t>() + e * N * K;
-  Mat<float> W(N, K);
-  for (int64_t i = 0; i < N * K; ++i) W.data()[i] = e4m3fn_to_float(codes[i]);
-  Mat<float> acc;
-  grouped_gemm(w, e, bf16_rows(a), W, acc);
-  for (int64_t r = 0; r < a.rows; ++r)
-    for (int64_t n = 0; n < N; ++n) c[r * ldc + n] = acc(r, n);
+// Raw weight values (e4m3 unscaled, or bf16) of the columns.
+Mat<float> raw_weights(const PackedExperts& w, int64_t e, Cols cols) {
+  const int64_t K = w.in_features;
+  Mat<float> W(cols.count, K);
+  std::vector<uint16_t> u(static_cast<size_t>(K));
+  for (int64_t j = 0; j < cols.count; ++j) {
+    w.code_row(e, cols.n0 + j, u.data());
+    for (int64_t k = 0; k < K; ++k)
+      W(j, k) = w.scheme == Scheme::kBf16 ? bf16_to_float(u[size_t(k)]) : e4m3fn_to_float(uint8_t(u[size_t(k)]));
+  }
+  return W;
 }
 
-void bf16_gemm(const PackedExperts& w, int64_t e, const ActRows& a, float* c, int64_t ldc) {
-  const int64_t N = w.out_features, K = w.in_features;
-  const uint16_t* bits = w.qweight.as<uint16_t>() + e * N * K;
-  Mat<float> W(N, K);
-  for (int64_t i = 0; i < N * K; ++i) W.data()[i] = bf16_to_float(bits[i]);
-  Mat<float> C = bf16_rows(a) * W.transpose();
-  for (int64_t r = 0; r < a.rows; ++r)
-    for (int64_t n = 0; n < N; ++n) c[r * ldc + n] = C(r, n);
+void fp8_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  const Cols cols = cols_of(w, b0, b1);
+  store(grouped_gemm(w, e, cols, bf16_rows(a, w.in_features), raw_weights(w, e, cols)), nullptr, a, c, ldc);
+}
+
+void bf16_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  const Cols cols = cols_of(w, b0, b1);
+  Mat<float> C = bf16_rows(a, w.in_features) * raw_weights(w, e, cols).transpose();
+  store(C, nullptr, a, c, ldc);
 }
 
 }  // namespace
 
-extern const KernelDesc kernel_w4a8_reference{"w4a8_reference", Scheme::kInt4W4A8, "reference", 1, 1, 0, int_gemm};
-extern const KernelDesc kernel_w8a8_reference{"w8a8_reference", Scheme::kInt8W8A8, "reference", 1, 1, 0, int_gemm};
-extern const KernelDesc kernel_fp8w_reference{"fp8w_reference", Scheme::kFp8W8A16, "reference", 1, 1, 0, fp8_gemm};
-extern const KernelDesc kernel_bf16_reference{"bf16_reference", Scheme::kBf16, "reference", 1, 1, 0, bf16_gemm};
+extern const KernelDesc kernel_w4a8_reference{"w4a8_reference", Scheme::kInt4W4A8, "reference", 1, 1, 0, nullptr, int_gemm};
+extern const KernelDesc kernel_w8a8_reference{"w8a8_reference", Scheme::kInt8W8A8, "reference", 1, 1, 0, nullptr, int_gemm};
+extern const KernelDesc kernel_fp8w_reference{"fp8w_reference", Scheme::kFp8W8A16, "reference", 1, 1, 0, nullptr, fp8_gemm};
+extern const KernelDesc kernel_bf16_reference{"bf16_reference", Scheme::kBf16, "reference", 1, 1, 0, nullptr, bf16_gemm};
 
 }  // namespace moe_cpu

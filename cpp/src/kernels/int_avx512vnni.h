@@ -1,0 +1,99 @@
+// int_avx512vnni.h — the shared microkernel of w4a8_avx512vnni and w8a8_avx512vnni.
+// Per k-step, one 64-byte panel row feeds vpdpbusd with 16 columns x 4 unsigned weight bytes
+// (int4: AND 0x0f for k..k+3, shift 4 + AND for k+4..k+7; int8: the bytes w+128 as stored),
+// against 4 signed activation bytes broadcast per row. Exact int32 sums per scale group are
+// corrected by zero * (sum of the group's activation codes), converted, scaled per column and
+// accumulated in fp32; the row scale multiplies at the store.
+// Needs: AVX512F, AVX512BW, AVX512VNNI (compile this header's users with those flags only).
+#pragma once
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "common/layout.h"
+#include "kernels/tile_driver.h"
+
+namespace moe_cpu::kernels {
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// acc += dot4(u8, s8) per int32 lane. Inline asm keeps the accumulator in place: GCC 12 copies
+// the tied operand of _mm512_dpbusd_epi32 through a spare register inside the loop.
+inline void dpbusd(__m512i& acc, __m512i u8, __m512i s8) {
+  asm("vpdpbusd %[s], %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u8), [s] "v"(s8));
+}
+
+template <bool kInt4>
+struct IntVnni {
+  template <int MR, int NJ>
+  struct Micro {
+    static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
+                    int64_t ldc) {
+      constexpr int64_t step = kInt4 ? 8 : 4;
+      const int64_t G = w.num_groups(), gl = w.group_len(), Kp = a.Kp;
+      const uint8_t* panel[NJ];
+      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
+      const int8_t* arow[MR];
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) arow[r] = a.q + a.row_idx[r0 + r] * Kp;
+      const __m512i low4 = _mm512_set1_epi8(0x0f);
+      const float* scales = w.scales.as<float>();
+      __m512 accf[MR][NJ];
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+        _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) accf[r][j] = _mm512_setzero_ps();
+      for (int64_t gi = 0; gi < G; ++gi) {
+        const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
+        __m512i acc[MR][NJ];
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+          _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = _mm512_setzero_si512();
+        for (int64_t t = s0; t < s1; ++t) {
+          if constexpr (kInt4) {
+            __m512i lo[NJ], hi[NJ];
+            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+              const __m512i v = _mm512_load_si512(panel[j] + t * 64);
+              lo[j] = _mm512_and_si512(v, low4);
+              hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            }
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+              const __m512i a0 = _mm512_set1_epi32(load_i32(arow[r] + t * 8));
+              const __m512i a1 = _mm512_set1_epi32(load_i32(arow[r] + t * 8 + 4));
+              _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+                dpbusd(acc[r][j], lo[j], a0);
+                dpbusd(acc[r][j], hi[j], a1);
+              }
+            }
+          } else {
+            __m512i wv[NJ];
+            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) wv[j] = _mm512_load_si512(panel[j] + t * 64);
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+              const __m512i av = _mm512_set1_epi32(load_i32(arow[r] + t * 4));
+              _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbusd(acc[r][j], wv[j], av);
+            }
+          }
+        }
+        _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+          const int64_t si = w.scale_index(e, 16 * (b + j), gi);
+          const __m512 sv = _mm512_load_ps(scales + si);
+          __m512i zv = _mm512_set1_epi32(layout::implicit_zero(w.scheme));
+          if (w.has_zeros) zv = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(w.zeros.data() + si)));
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+            const __m512i corr = _mm512_mullo_epi32(zv, _mm512_set1_epi32(a.asum[a.row_idx[r0 + r] * G + gi]));
+            const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][j], corr));
+            accf[r][j] = _mm512_fmadd_ps(exact, sv, accf[r][j]);
+          }
+        }
+      }
+      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+        const __mmask16 m = __mmask16((1u << valid_cols(w, b + j)) - 1);
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+          _mm512_mask_storeu_ps(c + (r0 + r) * ldc + 16 * j, m,
+                                _mm512_mul_ps(accf[r][j], _mm512_set1_ps(a.scale[a.row_idx[r0 + r]])));
+      }
+    }
+  };
+};
+
+}  // namespace moe_cpu::kernels

@@ -133,6 +133,40 @@ TEST_P(GemmKernelTest, MatchesDirectComputationOnOddShapes) {
 INSTANTIATE_TEST_SUITE_P(AllKernels, GemmKernelTest, ::testing::ValuesIn(all_kernels()),
                          [](const auto& info) { return std::string(info.param->name); });
 
+// Every e4m3fn code through each fp8 kernel: weight row 0 holds all 254 finite codes, activation
+// row r is one-hot at k = r, so output (r, 0) must be the decoded code exactly (scale 1).
+class Fp8KernelTest : public ::testing::TestWithParam<const KernelDesc*> {};
+
+TEST_P(Fp8KernelTest, DecodesEveryFiniteCodeExactly) {
+  const KernelDesc* kd = GetParam();
+  if ((kd->features & active_features()) != kd->features) GTEST_SKIP() << kd->name << " needs CPU features this machine lacks";
+  std::vector<uint8_t> codes;
+  for (int c = 0; c < 256; ++c)
+    if (!e4m3fn_is_nan(uint8_t(c))) codes.push_back(uint8_t(c));
+  const int64_t K = int64_t(codes.size()), N = 3;
+  std::vector<uint8_t> w(size_t(N * K), 0);
+  std::copy(codes.begin(), codes.end(), w.begin());
+  const float one = 1.f;
+  PackedExperts p = pack_fp8(w.data(), 1, N, K, &one, N, K);
+  ASSERT_TRUE(kd->supports == nullptr || kd->supports(p));
+  Acts acts;
+  acts.b.assign(size_t(K * p.padded_k()), 0);
+  acts.idx.resize(size_t(K));
+  for (int64_t r = 0; r < K; ++r) acts.b[r * p.padded_k() + r] = float_to_bf16(1.f), acts.idx[r] = int32_t(r);
+  std::vector<float> c(size_t(K * N));
+  kd->gemm(p, 0, 0, 1, acts.view(p, K), c.data(), N);
+  for (int64_t r = 0; r < K; ++r) EXPECT_EQ(c[r * N], e4m3fn_to_float(codes[r])) << "code " << int(codes[r]);
+}
+
+std::vector<const KernelDesc*> fp8_kernels() {
+  std::vector<const KernelDesc*> out;
+  for (const KernelDesc* k : all_kernels())
+    if (k->scheme == Scheme::kFp8W8A16) out.push_back(k);
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Fp8Kernels, Fp8KernelTest, ::testing::ValuesIn(fp8_kernels()),
+                         [](const auto& info) { return std::string(info.param->name); });
+
 // ---- fused pipeline ----
 struct Layer {
   int64_t E, H, I;

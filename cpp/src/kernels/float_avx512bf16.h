@@ -1,0 +1,86 @@
+// float_avx512bf16.h — the shared microkernel of bf16_avx512bf16 and fp8w_avx512bf16.
+// Per k-pair, one panel row gives 16 columns x 2 weights as bf16 (bf16: the 64 stored bytes;
+// fp8: 32 e4m3 codes widened and decoded to bf16 in registers), and vdpbf16ps adds the two
+// products against an activation pair broadcast per row. fp8 sums each K-block in fp32 and
+// multiplies by the block scale of each column before adding it to the running fp32 sum.
+// Needs: AVX512F, AVX512BW, AVX512_BF16 (compile this header's users with those flags only).
+#pragma once
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "common/layout.h"
+#include "kernels/tile_driver.h"
+
+namespace moe_cpu::kernels {
+
+// acc += a.even * b.even + a.odd * b.odd (bf16 pairs); inline asm keeps the accumulator in place.
+inline void dpbf16(__m512& acc, __m512i w, __m512i a) {
+  asm("vdpbf16ps %[a], %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [a] "v"(a));
+}
+
+inline int32_t load_pair(const uint16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// e4m3fn codes -> bf16 bits, exact. Normal codes: exponent + 120 and the 3 mantissa bits moved up;
+// subnormal codes (exponent field 0) come from a table of m * 2^-9.
+inline __m512i e4m3_to_bf16(__m256i codes) {
+  const __m512i c = _mm512_cvtepu8_epi16(codes);
+  const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi16(0x7f));
+  __m512i bf = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(0x3c00));
+  const __mmask32 sub = _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8));
+  const __m512i table = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  // words 0..7: 0, 2^-9 .. 7*2^-9
+                                         0x3c603c40, 0x3c203c00, 0x3bc03b80, 0x3b000000);
+  bf = _mm512_mask_permutexvar_epi16(bf, sub, mag, table);
+  return _mm512_or_si512(bf, _mm512_slli_epi16(_mm512_and_si512(c, _mm512_set1_epi16(0x80)), 8));
+}
+
+template <bool kFp8>
+struct FloatBf16 {
+  template <int MR, int NJ>
+  struct Micro {
+    static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
+                    int64_t ldc) {
+      const int64_t G = kFp8 ? w.num_groups() : 1, gl = w.group_len(), Kp = a.Kp;
+      const uint8_t* panel[NJ];
+      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
+      const uint16_t* arow[MR];
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) arow[r] = a.bf16 + a.row_idx[r0 + r] * Kp;
+      __m512 accf[MR][NJ];
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+        _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) accf[r][j] = _mm512_setzero_ps();
+      for (int64_t gi = 0; gi < G; ++gi) {
+        const int64_t s0 = gi * gl / 2, s1 = gi == G - 1 ? Kp / 2 : (gi + 1) * gl / 2;
+        __m512 acc[MR][NJ];
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+          _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = _mm512_setzero_ps();
+        for (int64_t t = s0; t < s1; ++t) {
+          __m512i wv[NJ];
+          _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+            if constexpr (kFp8) wv[j] = e4m3_to_bf16(_mm256_load_si256(reinterpret_cast<const __m256i*>(panel[j] + t * 32)));
+            else wv[j] = _mm512_load_si512(panel[j] + t * 64);
+          }
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+            const __m512i av = _mm512_set1_epi32(load_pair(arow[r] + 2 * t));
+            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbf16(kFp8 ? acc[r][j] : accf[r][j], wv[j], av);
+          }
+        }
+        if constexpr (kFp8) {
+          _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+            const __m512 sv = _mm512_load_ps(w.scales.as<float>() + w.scale_index(e, 16 * (b + j), gi));
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) accf[r][j] = _mm512_fmadd_ps(acc[r][j], sv, accf[r][j]);
+          }
+        }
+      }
+      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+        const __mmask16 m = __mmask16((1u << valid_cols(w, b + j)) - 1);
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(c + (r0 + r) * ldc + 16 * j, m, accf[r][j]);
+      }
+    }
+  };
+};
+
+}  // namespace moe_cpu::kernels

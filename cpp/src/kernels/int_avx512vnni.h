@@ -27,6 +27,9 @@ inline void dpbusd(__m512i& acc, __m512i u8, __m512i s8) {
   asm("vpdpbusd %[s], %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u8), [s] "v"(s8));
 }
 
+// How far ahead each panel stream is prefetched (the streams are sequential).
+constexpr int64_t kPrefetchBytes = 1024;
+
 template <bool kInt4>
 struct IntVnni {
   template <int MR, int NJ>
@@ -50,6 +53,7 @@ struct IntVnni {
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
           _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = _mm512_setzero_si512();
         for (int64_t t = s0; t < s1; ++t) {
+          _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * 64 + kPrefetchBytes), _MM_HINT_T0);
           if constexpr (kInt4) {
             __m512i lo[NJ], hi[NJ];
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {

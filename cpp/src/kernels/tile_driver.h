@@ -11,7 +11,11 @@ namespace moe_cpu::kernels {
 
 template <template <int, int> class Micro, int MR>
 void drive(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  for (int64_t b = b0; b < b1; b += 2) {
+  int64_t b = b0;
+  if (a.rows < MR)  // few rows (decode): four column panels at once for more memory parallelism
+    for (; b + 4 <= b1; b += 4)
+      for (int64_t r = 0; r < a.rows; ++r) Micro<1, 4>::run(w, e, b, a, r, c + (b - b0) * 16, ldc);
+  for (; b < b1; b += 2) {
     const bool two = b + 1 < b1;
     float* cb = c + (b - b0) * 16;
     int64_t r = 0;

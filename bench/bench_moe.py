@@ -1,0 +1,185 @@
+"""End-to-end MoE benchmark on model shapes (DESIGN.md section 7), with this machine's limits
+measured in the same run.
+
+For each shape, scheme and M it prints the time per call, tokens/s, GB/s of weight traffic and
+GOPS, and the ratios to the measured read bandwidth and instruction peak. Decode (M=1) weights are
+cold: each call routes to experts not used in the previous E/k calls, and every layer is larger
+than 4x the L3. The decode ratio is the median of five interleaved (bandwidth, decode) pairs.
+Writes bench/out/bench_moe.json and bench/out/bench_moe.png.
+
+    python bench/bench_moe.py                 # everything (a few minutes)
+    python bench/bench_moe.py --quick         # Qwen3 shape, fewer M
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+import moe_cpu
+from moe_cpu import _core
+
+SHAPES = {  # name: (H, I, E, k, E used here, note)
+    "qwen3-30b-a3b": (2048, 768, 128, 8, 128, ""),
+    "mixtral-8x7b": (4096, 14336, 8, 2, 8, ""),
+    "deepseek-v3": (7168, 2048, 256, 8, 32, "E shrunk 256 -> 32 to fit memory"),
+    "gpt-oss-20b": (2880, 2880, 32, 4, 32, "swigluoai, biases"),
+}
+MS = (1, 4, 16, 64, 256, 1024)
+
+
+def random_packed(rng, scheme, E, N, K):
+    """Packed weights from random codes (values do not matter for speed; no float32 copy)."""
+    shape = (E, N, K)
+    if scheme == "int4_w4a8":
+        g = 128 if K % 128 == 0 else 32
+        return moe_cpu.pack_int4(rng.integers(-8, 8, shape, dtype=np.int8),
+                                 rng.random((E, N, K // g), dtype=np.float32) * 0.01, g)
+    if scheme == "int8_w8a8":
+        return moe_cpu.pack_int8(rng.integers(-127, 128, shape, dtype=np.int8),
+                                 rng.random((E, N), dtype=np.float32) * 0.01)
+    if scheme == "fp8_w8a16":
+        codes = rng.integers(0, 0x7E, shape, dtype=np.uint8) | (rng.integers(0, 2, shape, dtype=np.uint8) << 7)
+        return moe_cpu.pack_fp8(codes, rng.random((E, -(-N // 128), -(-K // 128)), dtype=np.float32) * 0.01)
+    bits = (rng.integers(0, 1 << 16, shape, dtype=np.uint16) & np.uint16(0x83FF)) | np.uint16(0x3C00)
+    return moe_cpu.pack_bf16(bits)
+
+
+def timed(fn, min_time=0.4, max_calls=30):
+    fn()
+    times = []
+    t_end = time.perf_counter() + min_time
+    while len(times) < 3 or (time.perf_counter() < t_end and len(times) < max_calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class Routing:
+    """Token -> expert ids. M=1 walks a permutation so an expert returns only every E/k calls."""
+
+    def __init__(self, rng, E, k):
+        self.rng, self.E, self.k, self.pos = rng, E, k, 0
+        self.perm = rng.permutation(E)
+
+    def next(self, M):
+        if M == 1:
+            if self.pos + self.k > self.E:
+                self.perm, self.pos = self.rng.permutation(self.E), 0
+            ids = self.perm[self.pos:self.pos + self.k][None, :]
+            self.pos += self.k
+        else:
+            ids = np.argsort(self.rng.random((M, self.E)), axis=1)[:, :self.k]
+        return np.ascontiguousarray(ids, dtype=np.int32)
+
+
+def weight_bytes(w13, w2, ids):
+    used = len(np.unique(ids))
+    return used * (w13.nbytes + w2.nbytes) / w13.num_experts
+
+
+def run(args):
+    rng = np.random.default_rng(0)
+    threads = moe_cpu.get_num_threads()
+    buf = _core.ReadBuffer(1 << 30)
+    limits = {"threads": threads, "read_gbs": buf.read_gbs(threads, 3),
+              "vpdpbusd_tops": _core.vpdpbusd_peak_tops(threads), "vdpbf16ps_tflops": _core.vdpbf16ps_peak_tflops(threads)}
+    print(f"machine: {threads} threads, read {limits['read_gbs']:.1f} GB/s, vpdpbusd {limits['vpdpbusd_tops']:.2f} TOPS, "
+          f"vdpbf16ps {limits['vdpbf16ps_tflops']:.2f} TFLOPS")
+    peak_of = {"int4_w4a8": limits["vpdpbusd_tops"], "int8_w8a8": limits["vpdpbusd_tops"],
+               "fp8_w8a16": limits["vdpbf16ps_tflops"], "bf16": limits["vdpbf16ps_tflops"]}
+    rows = []
+    for shape in args.shapes:
+        H, I, E_model, k, E, note = SHAPES[shape]
+        act = "swigluoai" if shape.startswith("gpt-oss") else "silu"
+        for scheme in args.schemes:
+            t0 = time.perf_counter()
+            w13, w2 = random_packed(rng, scheme, E, 2 * I, H), random_packed(rng, scheme, E, H, I)
+            pack_s = time.perf_counter() - t0
+            b13 = rng.standard_normal((E, 2 * I), dtype=np.float32) * 0.01 if act == "swigluoai" else None
+            b2 = rng.standard_normal((E, H), dtype=np.float32) * 0.01 if act == "swigluoai" else None
+            route = Routing(rng, E, k)
+            print(f"\n{shape} (H={H} I={I} E={E} k={k}{', ' + note if note else ''}) {scheme}: kernel {w13.kernel}, "
+                  f"{(w13.nbytes + w2.nbytes) / 2**20:.0f} MiB, packed in {pack_s:.1f} s")
+            print(f"{'M':>5} {'ms/call':>9} {'tok/s':>9} {'GB/s':>7} {'%bw':>5} {'GOPS':>8} {'%peak':>6}")
+            for M in args.ms:
+                x = rng.standard_normal((M, H), dtype=np.float32)
+                tw = np.full((M, k), 1.0 / k, np.float32)
+                calls = [route.next(M) for _ in range(64)]
+                state = {"i": 0}
+
+                def call():
+                    ids = calls[state["i"] % len(calls)]
+                    state["i"] += 1
+                    moe_cpu.fused_experts(x, w13, w2, tw, ids, activation=act, w13_bias=b13, w2_bias=b2)
+
+                t = timed(call)
+                gb = float(np.mean([weight_bytes(w13, w2, c) for c in calls]))
+                ops = 2.0 * M * k * (2 * I * H + H * I)
+                r = dict(shape=shape, scheme=scheme, kernel=w13.kernel, M=M, ms=t * 1e3, tok_s=M / t,
+                         gbs=gb / t / 1e9, gops=ops / t / 1e9)
+                r["pct_bw"] = 100 * r["gbs"] / limits["read_gbs"]
+                r["pct_peak"] = 100 * r["gops"] / (peak_of[scheme] * 1e3)
+                if M == 1:  # five interleaved (bandwidth, decode) pairs
+                    ratios = []
+                    for _ in range(5):
+                        bw = buf.read_gbs(threads, 1)
+                        ratios.append((gb / timed(call, 0.2) / 1e9) / bw)
+                    r["decode_ratio_median"] = statistics.median(ratios)
+                    r["decode_ratios"] = ratios
+                rows.append(r)
+                extra = f"  paired decode ratio {100 * r['decode_ratio_median']:.0f}%" if M == 1 else ""
+                print(f"{M:>5} {r['ms']:>9.3f} {r['tok_s']:>9.0f} {r['gbs']:>7.1f} {r['pct_bw']:>5.0f} {r['gops']:>8.0f} "
+                      f"{r['pct_peak']:>6.1f}{extra}")
+            del w13, w2
+    return limits, rows
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for (shape, scheme) in sorted({(r["shape"], r["scheme"]) for r in rows}):
+        rs = [r for r in rows if r["shape"] == shape and r["scheme"] == scheme]
+        ms = [r["M"] for r in rs]
+        axes[0].plot(ms, [r["gbs"] for r in rs], marker="o", label=f"{shape} {scheme}")
+        axes[1].plot(ms, [r["gops"] for r in rs], marker="o", label=f"{shape} {scheme}")
+    for ax, t in zip(axes, ("weight GB/s", "GOPS")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens M")
+        ax.set_ylabel(t)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--schemes", default=",".join(moe_cpu.SCHEMES))
+    p.add_argument("--m", default=",".join(map(str, MS)))
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
+    a = p.parse_args()
+    a.shapes = ["qwen3-30b-a3b"] if a.quick else a.shapes.split(",")
+    a.schemes = a.schemes.split(",")
+    a.ms = tuple(int(m) for m in a.m.split(",")) if a.m != ",".join(map(str, MS)) or not a.quick else (1, 16, 256)
+    limits, rows = run(a)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "bench_moe.json"), "w") as f:
+        json.dump({"limits": limits, "features": moe_cpu.cpu_features(), "rows": rows}, f, indent=1)
+    try:
+        plot(rows, os.path.join(a.out, "bench_moe.png"))
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+
+
+if __name__ == "__main__":
+    main()

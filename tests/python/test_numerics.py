@@ -316,3 +316,20 @@ def test_dynamic_4bit_int_moe(rng, kind, group, on_input):
     want = ref.fused_experts_ref(x, w13r, w2r, tw, ids, activation=ref.DYNAMIC_4BIT_ACTIVATION[kind],
                                  apply_router_weight_on_input=on_input)
     assert_close(got, want, "int4_w4a8", f"dynamic_4bit kind={kind}")
+
+
+@pytest.mark.parametrize("name", ["int4_g128", "bf16"])
+def test_rows_with_every_id_skipped_are_zero(rng, name):
+    """A token whose ids are all < 0 gets exact zeros, also in a call where no token has a valid id."""
+    cfg = SCHEME_CONFIGS[name]
+    _, w13p, _, w2p = make_moe(rng, cfg, 3, 128, 128)
+    x = make_input(rng, 4, 128)
+    tw, ids = make_routing(rng, 4, 3, 2)
+    ids[1] = -1
+    out = np.full_like(x, np.nan)
+    moe_cpu.fused_experts(x, w13p, w2p, tw, ids, out=out)
+    assert np.all(out[1] == 0) and np.all(np.isfinite(out))
+    ids[:] = -1
+    out = np.full_like(x, np.nan)
+    moe_cpu.fused_experts(x, w13p, w2p, tw, ids, out=out)
+    assert np.all(out == 0)

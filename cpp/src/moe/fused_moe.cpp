@@ -150,8 +150,7 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   for (int64_t s = 0; s < S; ++s)
     if (ids[size_t(m0 * k + s)] >= 0) ++begin[size_t(ids[size_t(m0 * k + s)] + 1)];
   for (int64_t e = 0; e < E; ++e) begin[size_t(e + 1)] += begin[size_t(e)];
-  const int64_t P = begin[size_t(E)];
-  if (P == 0) return;
+  const int64_t P = begin[size_t(E)];  // may be 0: every id skipped, the output rows are zeros
   std::vector<int32_t> slot_of(static_cast<size_t>(P)), pos_of(static_cast<size_t>(S), -1);
   {
     std::vector<int64_t> next(begin.begin(), begin.end() - 1);

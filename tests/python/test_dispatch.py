@@ -1,0 +1,70 @@
+"""Dispatch: the ISA forced with MOE_CPU_ISA (CI runs the whole suite once per level) is the path the
+packed weights really take, force_isa() works, and cpu_features() reports it."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import moe_cpu
+
+LEVEL = os.environ.get("MOE_CPU_ISA", "native")
+DETECTED = set(moe_cpu.cpu_features()["detected"])
+# ISA words a level allows (the registry tries kernels best first among these).
+ALLOWED = {
+    "reference": {"reference"},
+    "avx2": {"avx2", "avx2vnni", "reference"},
+    "avx512": {"avx512vnni", "avx512bf16", "avx2", "avx2vnni", "reference"},
+}
+
+
+def _kernel_isa(name: str) -> str:
+    """'w4a8_avx512vnni_4x32' -> 'avx512vnni'; 'w4a8_reference' -> 'reference'."""
+    parts = name.split("_")
+    return parts[1]
+
+
+def _packed(scheme):
+    w = np.random.default_rng(0).standard_normal((2, 64, 128)).astype(np.float32)
+    return moe_cpu.quantize_experts(w, scheme)
+
+
+@pytest.mark.parametrize("scheme", moe_cpu.SCHEMES)
+def test_forced_level_is_the_path_taken(scheme):
+    isa = _kernel_isa(_packed(scheme).kernel)
+    assert moe_cpu.cpu_features()["isa"] == LEVEL
+    if LEVEL in ALLOWED:
+        assert isa in ALLOWED[LEVEL], f"MOE_CPU_ISA={LEVEL} but {scheme} runs {isa}"
+    # The best path the level admits on this CPU is the one taken (never a silent fallback).
+    int_scheme = scheme in ("int4_w4a8", "int8_w8a8")
+    if LEVEL in ("native", "avx512") and "avx512" in DETECTED:
+        want = "avx512vnni" if int_scheme else "avx512bf16"
+        if (want == "avx512vnni" and "avx512_vnni" in DETECTED) or (want == "avx512bf16" and "avx512_bf16" in DETECTED):
+            assert isa == want
+    if LEVEL == "reference":
+        assert isa == "reference"
+
+
+def test_force_isa_changes_later_packing_only(tmp_path):
+    code = (
+        "import numpy as np, moe_cpu as mc\n"
+        "w = np.ones((1, 32, 64), np.float32)\n"
+        "before = mc.quantize_experts(w, 'int8_w8a8')\n"
+        "mc.force_isa('reference')\n"
+        "after = mc.quantize_experts(w, 'int8_w8a8')\n"
+        "print(before.kernel, after.kernel, mc.cpu_features()['isa'])\n"
+    )
+    env = dict(os.environ)
+    env.pop("MOE_CPU_ISA", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, check=True)
+    before, after, isa = out.stdout.split()
+    assert after == "w8a8_reference" and isa == "reference"
+    assert before == moe_cpu._core.selected_kernel("int8_w8a8") or LEVEL != "native"
+
+
+def test_every_registered_kernel_is_named_by_the_grammar():
+    for k in moe_cpu._core.registered_kernels():
+        prefix = {"int4_w4a8": "w4a8", "int8_w8a8": "w8a8", "fp8_w8a16": "fp8w", "bf16": "bf16"}[k["scheme"]]
+        want = f"{prefix}_{k['isa']}" + ("" if k["isa"] == "reference" else f"_{k['mr']}x{k['nr']}")
+        assert k["name"] == want

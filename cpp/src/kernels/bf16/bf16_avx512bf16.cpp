@@ -10,6 +10,6 @@ namespace moe_cpu {
 
 extern const KernelDesc kernel_bf16_avx512bf16{
     "bf16_avx512bf16_8x32", Scheme::kBf16, "avx512bf16", 8, 32, kFeatAvx512 | kFeatAvx512Bf16,
-    nullptr, kernels::drive<kernels::FloatBf16<false>::Micro, 8>};
+    nullptr, kernels::drive<kernels::FloatBf16<false>::Micro, 8, 2, 4>};
 
 }  // namespace moe_cpu

@@ -13,6 +13,6 @@ bool even_blocks(const PackedExperts& w) { return w.group_len() % 2 == 0 || w.nu
 
 extern const KernelDesc kernel_fp8w_avx512bf16{
     "fp8w_avx512bf16_4x32", Scheme::kFp8W8A16, "avx512bf16", 4, 32, kFeatAvx512 | kFeatAvx512Bf16,
-    even_blocks, kernels::drive<kernels::FloatBf16<true>::Micro, 4>};
+    even_blocks, kernels::drive<kernels::FloatBf16<true>::Micro, 4, 2, 4>};
 
 }  // namespace moe_cpu

@@ -10,6 +10,6 @@ namespace moe_cpu {
 
 extern const KernelDesc kernel_w4a8_avx512vnni{
     "w4a8_avx512vnni_4x32", Scheme::kInt4W4A8, "avx512vnni", 4, 32, kFeatAvx512 | kFeatAvx512Vnni,
-    nullptr, kernels::drive<kernels::IntVnni<true>::Micro, 4>};
+    nullptr, kernels::drive<kernels::IntVnni<true>::Micro, 4, 2, 4>};
 
 }  // namespace moe_cpu

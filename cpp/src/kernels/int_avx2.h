@@ -1,0 +1,89 @@
+// int_avx2.h — the shared microkernel of w4a8_avx2 and w8a8_avx2 (no VNNI): vpmaddubsw + vpmaddwd
+// emulate vpdpbusd on 8 columns per ymm (each int32 lane = one column's 4 k bytes).
+//   int4: u in [0,15] x s8 activations: pair sums <= 2*15*127, no int16 saturation; the zero
+//         point is removed with the group's activation sum, as in the VNNI kernel.
+//   int8: w = u ^ 0x80 (signed); vpmaddubsw(|w|, sign(a, w)) gives w*a pairs <= 2*128*127 without
+//         saturation, so the sums are already zero-point free.
+// Needs: AVX2, FMA. Tile: MR rows x 16 columns per block (two ymm halves).
+#pragma once
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "common/layout.h"
+#include "kernels/tile_driver.h"
+
+namespace moe_cpu::kernels {
+
+template <bool kInt4>
+struct IntAvx2 {
+  template <int MR, int NJ>
+  struct Micro {
+    static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
+                    int64_t ldc) {
+      constexpr int64_t step = kInt4 ? 8 : 4;
+      constexpr int H = 2 * NJ;  // ymm halves (8 columns each)
+      const int64_t G = w.num_groups(), gl = w.group_len(), Kp = a.Kp;
+      const uint8_t* panel[NJ];
+      for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
+      const int8_t* arow[MR];
+      for (int r = 0; r < MR; ++r) arow[r] = a.q + a.row_idx[r0 + r] * Kp;
+      const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
+      alignas(32) float accf[MR][H][8] = {};
+      for (int64_t gi = 0; gi < G; ++gi) {
+        const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
+        __m256i acc[MR][H];
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+          _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) acc[r][h] = _mm256_setzero_si256();
+        for (int64_t t = s0; t < s1; ++t) {
+          _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
+            const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
+            if constexpr (kInt4) {
+              const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+              _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+                int32_t a0, a1;
+                std::memcpy(&a0, arow[r] + t * 8, 4);
+                std::memcpy(&a1, arow[r] + t * 8 + 4, 4);
+                const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a0));
+                const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a1));
+                acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones));
+              }
+            } else {
+              const __m256i sw = _mm256_xor_si256(v, flip), aw = _mm256_abs_epi8(sw);
+              _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+                int32_t a0;
+                std::memcpy(&a0, arow[r] + t * 4, 4);
+                const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(a0), sw));
+                acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(p, ones));
+              }
+            }
+          }
+        }
+        _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
+          const int64_t si = w.scale_index(e, 16 * (b + h / 2), gi) + (h % 2) * 8;
+          const __m256 sv = _mm256_load_ps(w.scales.as<float>() + si);
+          __m256i zv = _mm256_set1_epi32(kInt4 ? 8 : 0);
+          if (kInt4 && w.has_zeros) zv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zeros.data() + si)));
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+            const __m256i corr = _mm256_mullo_epi32(zv, _mm256_set1_epi32(a.asum[a.row_idx[r0 + r] * G + gi]));
+            const __m256 exact = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h], corr));
+            _mm256_store_ps(accf[r][h], _mm256_fmadd_ps(exact, sv, _mm256_load_ps(accf[r][h])));
+          }
+        }
+      }
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+        const __m256 rs = _mm256_set1_ps(a.scale[a.row_idx[r0 + r]]);
+        for (int h = 0; h < H; ++h) {
+          const int n0 = (h % 2) * 8, valid = valid_cols(w, b + h / 2) - n0;
+          float* dst = c + (r0 + r) * ldc + (h / 2) * 16 + n0;
+          alignas(32) float tmp[8];
+          _mm256_store_ps(tmp, _mm256_mul_ps(_mm256_load_ps(accf[r][h]), rs));
+          if (valid >= 8) std::memcpy(dst, tmp, 32);
+          else if (valid > 0) std::memcpy(dst, tmp, size_t(valid) * 4);
+        }
+      }
+    }
+  };
+};
+
+}  // namespace moe_cpu::kernels

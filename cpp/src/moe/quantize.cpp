@@ -39,9 +39,13 @@ PackedExperts quantize_experts(const float* w, int64_t E, int64_t N, int64_t K, 
                                int64_t group_size, int64_t block_n, int64_t block_k) {
   if (E < 1 || N < 1 || K < 1)
     throw ValueError(msg("w shape [E,N,K] = [", E, ",", N, ",", K, "] must have E, N, K >= 1"));
-  for (int64_t i = 0; i < E * N * K; ++i)
-    if (!std::isfinite(w[i]))
-      throw ValueError(msg("w flat index ", i, " = ", w[i], " is not finite; weights must be finite"));
+  std::vector<int64_t> bad(static_cast<size_t>(E * N), -1);
+  parallel_for(E * N, [&](int64_t r) {
+    for (int64_t i = r * K; i < (r + 1) * K && bad[size_t(r)] < 0; ++i)
+      if (!std::isfinite(w[i])) bad[size_t(r)] = i;
+  });
+  for (int64_t i : bad)
+    if (i >= 0) throw ValueError(msg("w flat index ", i, " = ", w[i], " is not finite; weights must be finite"));
   const int64_t rows = E * N;
   switch (scheme) {
     case Scheme::kInt4W4A8:

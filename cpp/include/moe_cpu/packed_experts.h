@@ -47,7 +47,8 @@ struct PackedExperts {
   int64_t num_blocks() const;       // 16-column panels per expert
   size_t nbytes() const { return qweight.size() + scales.size() + zeros.size(); }
   // Weight panel of (expert e, column block b).
-  const uint8_t* panel(int64_t e, int64_t b) const;
+  const uint8_t* panel(int64_t e, int64_t b) const { return qweight.data() + (e * num_blocks() + b) * panel_bytes(); }
+  int64_t panel_bytes() const;      // bytes of one (expert, column block) panel
   // Index of (e, n, gi) in the scales / zeros arrays.
   int64_t scale_index(int64_t e, int64_t n, int64_t gi) const {
     return ((e * num_blocks() + n / 16) * num_groups() + gi) * 16 + n % 16;

@@ -11,19 +11,29 @@
 
 namespace moe_cpu::kernels {
 
-// Rows [0, rows) of blocks [b, b+J) with tiles of R rows, then single rows.
+// The last `rem` rows (rem < R) of blocks [b, b+J) in one call of the matching tile height.
+template <template <int, int> class Micro, int R, int J>
+void tail_rows(int64_t rem, const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
+               int64_t ldc) {
+  if constexpr (R > 1) {
+    if (rem == R - 1) return Micro<R - 1, J>::run(w, e, b, a, r0, c, ldc);
+    tail_rows<Micro, R - 1, J>(rem, w, e, b, a, r0, c, ldc);
+  }
+}
+
+// Rows [0, rows) of blocks [b, b+J): tiles of R rows, then one shorter tile for the rest.
 template <template <int, int> class Micro, int R, int J>
 void rows_of(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c, int64_t ldc) {
   int64_t r = 0;
   for (; r + R <= a.rows; r += R) Micro<R, J>::run(w, e, b, a, r, c, ldc);
-  for (; r < a.rows; ++r) Micro<1, J>::run(w, e, b, a, r, c, ldc);
+  if (r < a.rows) tail_rows<Micro, R, J>(a.rows - r, w, e, b, a, r, c, ldc);
 }
 
 template <template <int, int> class Micro, int MR, int NJ, int ND>
 void drive(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
   int64_t b = b0;
-  if (a.rows < MR)
-    for (; b + ND <= b1; b += ND) rows_of<Micro, 1, ND>(w, e, b, a, c + (b - b0) * 16, ldc);
+  if (a.rows == 1)  // decode: more column panels at once for more memory-level parallelism
+    for (; b + ND <= b1; b += ND) Micro<1, ND>::run(w, e, b, a, 0, c + (b - b0) * 16, ldc);
   for (; b + NJ <= b1; b += NJ) rows_of<Micro, MR, NJ>(w, e, b, a, c + (b - b0) * 16, ldc);
   for (; b < b1; ++b) rows_of<Micro, MR, 1>(w, e, b, a, c + (b - b0) * 16, ldc);
 }

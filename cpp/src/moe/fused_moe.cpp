@@ -36,24 +36,27 @@ struct ActBuffer {
   int64_t K = 0, Kp = 0, gl = 0, G = 0;
   bool int_scheme = false;
 
+  // Sizes the buffers for `rows` rows (kept allocated across calls; set_row writes every byte).
   void reset(const PackedExperts& w, int64_t rows) {
     K = w.in_features, Kp = w.padded_k(), gl = w.group_len(), G = w.num_groups();
     int_scheme = is_int_scheme(w.scheme);
     if (int_scheme) {
-      q.assign(static_cast<size_t>(rows * Kp), 0);
+      q.resize(static_cast<size_t>(rows * Kp));
       s.resize(static_cast<size_t>(rows));
       asum.resize(static_cast<size_t>(rows * G));
     } else {
-      b.assign(static_cast<size_t>(rows * Kp), 0);
+      b.resize(static_cast<size_t>(rows * Kp));
     }
   }
-  // Fills buffer row `row` from fp32 values x[K]; `what` names the values in errors.
+  // Fills buffer row `row` (and its zero padding) from fp32 values x[K]; `what` names them in errors.
   void set_row(int64_t row, const float* x, const char* what) {
     if (!int_scheme) {
       for (int64_t k = 0; k < K; ++k) b[size_t(row * Kp + k)] = float_to_bf16(x[k]);
+      for (int64_t k = K; k < Kp; ++k) b[size_t(row * Kp + k)] = 0;
       return;
     }
     int8_t* qr = q.data() + row * Kp;
+    for (int64_t k = K; k < Kp; ++k) qr[k] = 0;
     if (!quantize_row_int8(x, K, qr, &s[size_t(row)]))
       throw ValueError(msg("non-finite ", what, " cannot be quantized to int8 (check the inputs and weights for overflow)"));
     for (int64_t gi = 0; gi < G; ++gi) {
@@ -140,8 +143,24 @@ std::vector<Task> tasks_for(const std::vector<int64_t>& begin, int64_t blocks) {
   return t;
 }
 
+// Per-calling-thread scratch, kept between calls so that large buffers are not faulted in anew.
+struct Scratch {
+  ActBuffer a1, a2;
+  std::vector<float> c1, c2;
+};
+
+// A per-worker fp32 row of n floats (thread-local, reused).
+float* worker_row(int64_t n) {
+  thread_local std::vector<float> row;
+  if (row.size() < size_t(n)) row.resize(size_t(n));
+  return row.data();
+}
+
 // One chunk of tokens [m0, m1): every phase runs over all experts before the next one starts.
 void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m0, int64_t m1) {
+  thread_local Scratch scratch;
+  ActBuffer &a1 = scratch.a1, &a2 = scratch.a2;
+  std::vector<float>&c1 = scratch.c1, &c2 = scratch.c2;
   const PackedExperts &w13 = *a.w13, &w2 = *a.w2;
   const int64_t E = w13.num_experts, H = a.H, I = w2.in_features, k = a.k, N1 = 2 * I;
   // 1. Rows by expert: position p of slot s (slots are m*k + j, local to the chunk).
@@ -163,19 +182,18 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   }
   // 2. GEMM1 activations: once per token, or per (token, expert) row when the router weight scales the input.
   const bool per_slot = a.apply_router_weight_on_input;
-  ActBuffer a1;
   a1.reset(w13, per_slot ? S : m1 - m0);
   parallel_for(per_slot ? S : m1 - m0, [&](int64_t r) {
     const int64_t m = m0 + (per_slot ? r / k : r);
     const float wr = per_slot ? a.topk_weights[m0 * k + r] : 1.f;
-    std::vector<float> row(static_cast<size_t>(H));
-    for (int64_t h = 0; h < H; ++h) row[size_t(h)] = load(a.x, a.dtype, m * H + h) * wr;
-    a1.set_row(r, row.data(), "hidden state");
+    float* row = worker_row(H);
+    for (int64_t h = 0; h < H; ++h) row[h] = load(a.x, a.dtype, m * H + h) * wr;
+    a1.set_row(r, row, "hidden state");
   });
   std::vector<int32_t> a1_idx(static_cast<size_t>(P)), iota(static_cast<size_t>(P));
   for (int64_t p = 0; p < P; ++p) a1_idx[size_t(p)] = per_slot ? slot_of[size_t(p)] : slot_of[size_t(p)] / int32_t(k), iota[size_t(p)] = int32_t(p);
   // 3. GEMM1 into c1 [P, 2I] in expert order.
-  std::vector<float> c1(static_cast<size_t>(P * N1));
+  c1.resize(static_cast<size_t>(P * N1));
   const std::vector<Task> t1 = tasks_for(begin, w13.num_blocks());
   parallel_for(int64_t(t1.size()), [&](int64_t i) {
     const Task& t = t1[size_t(i)];
@@ -184,20 +202,18 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
                      c1.data() + p0 * N1 + 16 * t.b0, N1);
   });
   // 4. Bias, activation and the GEMM2 activations, per row.
-  ActBuffer a2;
   a2.reset(w2, P);
   parallel_for(P, [&](int64_t p) {
     const int64_t e = ids[size_t(m0 * k + slot_of[size_t(p)])];
     float* y = c1.data() + p * N1;
     if (a.w13_bias)
       for (int64_t n = 0; n < N1; ++n) y[n] += a.w13_bias[e * N1 + n];
-    std::vector<float> act(static_cast<size_t>(I));
-    apply_activation(a.activation, y, I, act.data());
-    a2.set_row(p, act.data(), "activation output");
+    float* act = worker_row(I);
+    apply_activation(a.activation, y, I, act);
+    a2.set_row(p, act, "activation output");
   });
   // 5. GEMM2 into c2 [P, H].
-  std::vector<float>().swap(c1);
-  std::vector<float> c2(static_cast<size_t>(P * H));
+  c2.resize(static_cast<size_t>(P * H));
   const std::vector<Task> t2 = tasks_for(begin, w2.num_blocks());
   parallel_for(int64_t(t2.size()), [&](int64_t i) {
     const Task& t = t2[size_t(i)];
@@ -208,17 +224,19 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   // 6. Per token: (row + bias) * router weight, summed over j in order, rounded once.
   parallel_for(m1 - m0, [&](int64_t r) {
     const int64_t m = m0 + r;
-    for (int64_t h = 0; h < H; ++h) {
-      float acc = 0.f;
-      for (int64_t j = 0; j < k; ++j) {
-        const int32_t p = pos_of[size_t(r * k + j)];
-        if (p < 0) continue;
-        const int64_t e = ids[size_t(m * k + j)];
-        const float wr = a.apply_router_weight_on_input ? 1.f : a.topk_weights[m * k + j];
-        acc += (c2[size_t(p * H + h)] + (a.w2_bias ? a.w2_bias[e * H + h] : 0.f)) * wr;
-      }
-      store(a.out, a.dtype, m * H + h, acc);
+    float* acc = worker_row(H);
+    std::fill(acc, acc + H, 0.f);
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t p = pos_of[size_t(r * k + j)];
+      if (p < 0) continue;
+      const int64_t e = ids[size_t(m * k + j)];
+      const float wr = a.apply_router_weight_on_input ? 1.f : a.topk_weights[m * k + j];
+      const float* y = c2.data() + int64_t(p) * H;
+      const float* bias = a.w2_bias ? a.w2_bias + e * H : nullptr;
+      if (bias) for (int64_t h = 0; h < H; ++h) acc[h] += (y[h] + bias[h]) * wr;
+      else for (int64_t h = 0; h < H; ++h) acc[h] += y[h] * wr;
     }
+    for (int64_t h = 0; h < H; ++h) store(a.out, a.dtype, m * H + h, acc[h]);
   });
 }
 

@@ -46,9 +46,7 @@ int64_t PackedExperts::num_groups() const {
 int64_t PackedExperts::padded_k() const { return layout::padded_k(scheme, in_features); }
 int64_t PackedExperts::num_blocks() const { return layout::num_blocks(out_features); }
 
-const uint8_t* PackedExperts::panel(int64_t e, int64_t b) const {
-  return qweight.data() + (e * num_blocks() + b) * layout::panel_bytes(scheme, in_features);
-}
+int64_t PackedExperts::panel_bytes() const { return layout::panel_bytes(scheme, in_features); }
 
 int PackedExperts::zero(int64_t e, int64_t n, int64_t gi) const {
   return has_zeros ? zeros.data()[scale_index(e, n, gi)] : layout::implicit_zero(scheme);

@@ -13,6 +13,6 @@ bool fits_int32(const PackedExperts& w) { return w.group_len() <= 65536 && (w.gr
 
 extern const KernelDesc kernel_w8a8_avx512vnni{
     "w8a8_avx512vnni_4x32", Scheme::kInt8W8A8, "avx512vnni", 4, 32, kFeatAvx512 | kFeatAvx512Vnni,
-    fits_int32, kernels::drive<kernels::IntVnni<false>::Micro, 4, 2, 4>};
+    fits_int32, kernels::drive<kernels::IntVnni<false>::Micro, 3, 4, 4>};
 
 }  // namespace moe_cpu

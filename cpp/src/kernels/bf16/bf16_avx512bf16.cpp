@@ -1,5 +1,5 @@
 // bf16_avx512bf16.cpp — BF16 weights x BF16 activations, AVX512_BF16.
-// Tile: 8 rows x 32 columns (16 fp32 accumulators), K step 2 (one vdpbf16ps per 64-byte panel row).
+// Tile: 4 rows x 64 columns (16 fp32 accumulators), K step 2 (one vdpbf16ps per 64-byte panel row).
 // Packed weights: common/layout.h bf16 panels (16 columns x 2 k per row).
 // Numerics: exact bf16 products, fp32 sums (vdpbf16ps flushes bf16 subnormals to zero).
 // Needs: AVX512F, AVX512BW, AVX512_BF16. Limits: any M, N, K.
@@ -9,7 +9,7 @@
 namespace moe_cpu {
 
 extern const KernelDesc kernel_bf16_avx512bf16{
-    "bf16_avx512bf16_8x32", Scheme::kBf16, "avx512bf16", 8, 32, kFeatAvx512 | kFeatAvx512Bf16,
-    nullptr, kernels::drive<kernels::FloatBf16<false>::Micro, 8, 2, 4>};
+    "bf16_avx512bf16_4x64", Scheme::kBf16, "avx512bf16", 4, 64, kFeatAvx512 | kFeatAvx512Bf16,
+    nullptr, kernels::drive<kernels::FloatBf16<false>::Micro, 4, 4, 4>};
 
 }  // namespace moe_cpu

@@ -1,5 +1,5 @@
 // fp8w_avx512bf16.cpp — FP8 e4m3fn weights (block scales) x BF16 activations, AVX512_BF16.
-// Tile: 4 rows x 32 columns, K step 2: 32 codes per panel row are widened and decoded to bf16
+// Tile: 8 rows x 16 columns (decoding is shared by 8 rows), K step 2: 32 codes per panel row are widened and decoded to bf16
 // in registers (exact), then one vdpbf16ps per row; each K-block's fp32 sum is multiplied by the
 // column's block scale. Packed weights: common/layout.h fp8 panels; scales per (column, K-block).
 // Needs: AVX512F, AVX512BW, AVX512_BF16. Limits: any M, N; block_k even (or one K-block).
@@ -12,7 +12,7 @@ bool even_blocks(const PackedExperts& w) { return w.group_len() % 2 == 0 || w.nu
 }  // namespace
 
 extern const KernelDesc kernel_fp8w_avx512bf16{
-    "fp8w_avx512bf16_4x32", Scheme::kFp8W8A16, "avx512bf16", 4, 32, kFeatAvx512 | kFeatAvx512Bf16,
-    even_blocks, kernels::drive<kernels::FloatBf16<true>::Micro, 4, 2, 4>};
+    "fp8w_avx512bf16_8x16", Scheme::kFp8W8A16, "avx512bf16", 8, 16, kFeatAvx512 | kFeatAvx512Bf16,
+    even_blocks, kernels::drive<kernels::FloatBf16<true>::Micro, 8, 1, 4>};
 
 }  // namespace moe_cpu

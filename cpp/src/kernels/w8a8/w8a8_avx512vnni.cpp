@@ -1,5 +1,5 @@
 // w8a8_avx512vnni.cpp — INT8 weights x per-row INT8 activations, AVX-512 VNNI.
-// Tile: 4 rows x 32 columns (2 zmm per row), K step 4 (one vpdpbusd per 64-byte panel row).
+// Tile: 3 rows x 64 columns (12 zmm accumulators), K step 4 (one vpdpbusd per 64-byte panel row).
 // Packed weights: common/layout.h int8 panels, stored as w + 128 (unsigned operand of vpdpbusd).
 // Scales: fp32 per (column, group) or per channel.
 // Needs: AVX512F, AVX512BW, AVX512VNNI. Limits: any M, any N; group length <= 65536 (int32 sums).
@@ -12,7 +12,7 @@ bool fits_int32(const PackedExperts& w) { return w.group_len() <= 65536 && (w.gr
 }  // namespace
 
 extern const KernelDesc kernel_w8a8_avx512vnni{
-    "w8a8_avx512vnni_4x32", Scheme::kInt8W8A8, "avx512vnni", 4, 32, kFeatAvx512 | kFeatAvx512Vnni,
+    "w8a8_avx512vnni_3x64", Scheme::kInt8W8A8, "avx512vnni", 3, 64, kFeatAvx512 | kFeatAvx512Vnni,
     fits_int32, kernels::drive<kernels::IntVnni<false>::Micro, 3, 4, 4>};
 
 }  // namespace moe_cpu

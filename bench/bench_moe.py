@@ -140,6 +140,45 @@ def run(args):
     return limits, rows
 
 
+def numpy_peer(x, w13f, w2f, tw, ids):
+    """The NumPy float32 layer: per-expert matmuls on dequantized weights (the peer run in-process)."""
+    I = w2f.shape[2]
+    out = np.zeros((x.shape[0], w2f.shape[1]), np.float32)
+    for e in np.unique(ids):
+        rows, cols = np.nonzero(ids == e)
+        y = x[rows] @ w13f[e].T
+        h = y[:, :I] / (1 + np.exp(-y[:, :I])) * y[:, I:]
+        np.add.at(out, rows, (h @ w2f[e].T) * tw[rows, cols][:, None])
+    return out
+
+
+def peers(args, rng):
+    """Qwen3 shape: the dispatched kernel against the Eigen reference path and NumPy float32."""
+    H, I, _, k, E, _ = SHAPES["qwen3-30b-a3b"]
+    rows = []
+    print("\npeers (qwen3-30b-a3b shape): ms per call")
+    print(f"{'scheme':<10} {'M':>5} {'simd':>9} {'reference':>10} {'numpy f32':>10} {'x ref':>7} {'x numpy':>8}")
+    for scheme in args.schemes:
+        w13, w2 = random_packed(rng, scheme, E, 2 * I, H), random_packed(rng, scheme, E, H, I)
+        moe_cpu.force_isa("reference")
+        r13, r2 = random_packed(np.random.default_rng(1), scheme, E, 2 * I, H), random_packed(np.random.default_rng(1), scheme, E, H, I)
+        moe_cpu.force_isa(os.environ.get("MOE_CPU_ISA", "native"))
+        f13, f2 = w13.unpack(), w2.unpack()
+        for M in (1, 64):
+            x = rng.standard_normal((M, H), dtype=np.float32)
+            tw = np.full((M, k), 1.0 / k, np.float32)
+            ids = np.ascontiguousarray(np.argsort(rng.random((M, E)), axis=1)[:, :k], dtype=np.int32)
+            t_simd = timed(lambda: moe_cpu.fused_experts(x, w13, w2, tw, ids), 0.3)
+            t_ref = timed(lambda: moe_cpu.fused_experts(x, r13, r2, tw, ids), 0.3, 3)
+            t_np = timed(lambda: numpy_peer(x, f13, f2, tw, ids), 0.3, 5)
+            rows.append(dict(scheme=scheme, M=M, simd_ms=t_simd * 1e3, reference_ms=t_ref * 1e3, numpy_ms=t_np * 1e3,
+                             kernel=w13.kernel, reference_kernel=r13.kernel))
+            print(f"{scheme:<10} {M:>5} {t_simd * 1e3:>9.2f} {t_ref * 1e3:>10.2f} {t_np * 1e3:>10.2f} "
+                  f"{t_ref / t_simd:>7.1f} {t_np / t_simd:>8.1f}")
+        del w13, w2, r13, r2, f13, f2
+    return rows
+
+
 def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -166,15 +205,17 @@ def main():
     p.add_argument("--schemes", default=",".join(moe_cpu.SCHEMES))
     p.add_argument("--m", default=",".join(map(str, MS)))
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-peers", action="store_true", help="skip the reference / NumPy comparison")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
     a = p.parse_args()
     a.shapes = ["qwen3-30b-a3b"] if a.quick else a.shapes.split(",")
     a.schemes = a.schemes.split(",")
     a.ms = tuple(int(m) for m in a.m.split(",")) if a.m != ",".join(map(str, MS)) or not a.quick else (1, 16, 256)
     limits, rows = run(a)
+    peer_rows = [] if a.no_peers else peers(a, np.random.default_rng(2))
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "bench_moe.json"), "w") as f:
-        json.dump({"limits": limits, "features": moe_cpu.cpu_features(), "rows": rows}, f, indent=1)
+        json.dump({"limits": limits, "features": moe_cpu.cpu_features(), "rows": rows, "peers": peer_rows}, f, indent=1)
     try:
         plot(rows, os.path.join(a.out, "bench_moe.png"))
     except ImportError:

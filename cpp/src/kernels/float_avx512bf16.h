@@ -40,7 +40,7 @@ inline __m512i e4m3_to_bf16(__m256i codes) {
 
 template <bool kFp8>
 struct FloatBf16 {
-  static constexpr int64_t kRow = kFp8 ? 32 : 64, kPrefetchBytes = 1024;  // panel row bytes; prefetch distance
+  static constexpr int64_t kRow = kFp8 ? 32 : 64, kPrefetchBytes = 4096;  // panel row bytes; prefetch distance
   template <int MR, int NJ>
   struct Micro {
     static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
@@ -60,7 +60,7 @@ struct FloatBf16 {
           _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = _mm512_setzero_ps();
         for (int64_t t = s0; t < s1; ++t) {
           if constexpr (MR == 1)  // decode streams weights from DRAM; larger tiles reuse them from L2
-            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * kRow + kPrefetchBytes), _MM_HINT_T0);
+            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * kRow + kPrefetchBytes), _MM_HINT_T1);
           __m512i wv[NJ];
           _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
             if constexpr (kFp8) wv[j] = e4m3_to_bf16(_mm256_load_si256(reinterpret_cast<const __m256i*>(panel[j] + t * 32)));

@@ -128,18 +128,23 @@ void check_args(const FusedMoeArgs& a) {
 
 namespace {
 
-constexpr int64_t kTileBlocks = 4;            // 16-column blocks per GEMM task
+constexpr int64_t kMinTileBlocks = 4;         // 16-column blocks per GEMM task, at least
 constexpr int64_t kScratchBytes = 48 << 20;   // bound on the per-chunk scratch
 
 struct Task {
   int64_t e, b0, b1;
 };
-// (expert, column tile) tasks for experts that have rows.
+// (expert, column tile) tasks for experts that have rows. Tiles are as wide as keeps ~16 tasks per
+// thread (at least kMinTileBlocks blocks): few rows (decode) then stream long weight runs per task.
 std::vector<Task> tasks_for(const std::vector<int64_t>& begin, int64_t blocks) {
+  int64_t experts = 0;
+  for (size_t e = 0; e + 1 < begin.size(); ++e) experts += begin[e + 1] > begin[e];
+  const int64_t want = 16 * int64_t(get_num_threads());
+  const int64_t tile = std::max(kMinTileBlocks, (experts * blocks + want - 1) / std::max<int64_t>(want, 1));
   std::vector<Task> t;
   for (size_t e = 0; e + 1 < begin.size(); ++e)
     if (begin[e + 1] > begin[e])
-      for (int64_t b = 0; b < blocks; b += kTileBlocks) t.push_back({int64_t(e), b, std::min(blocks, b + kTileBlocks)});
+      for (int64_t b = 0; b < blocks; b += tile) t.push_back({int64_t(e), b, std::min(blocks, b + tile)});
   return t;
 }
 

@@ -11,6 +11,6 @@ namespace moe_cpu {
 
 extern const KernelDesc kernel_w4a8_avx512vnni{
     "w4a8_avx512vnni_3x64", Scheme::kInt4W4A8, "avx512vnni", 3, 64, kFeatAvx512 | kFeatAvx512Vnni,
-    nullptr, kernels::drive<kernels::IntVnni<true>::Micro, 3, 4, 4>};
+    nullptr, kernels::drive<kernels::IntVnni<true>::Micro, 3, 4, 8>};
 
 }  // namespace moe_cpu

@@ -147,7 +147,8 @@ def numpy_peer(x, w13f, w2f, tw, ids):
     for e in np.unique(ids):
         rows, cols = np.nonzero(ids == e)
         y = x[rows] @ w13f[e].T
-        h = y[:, :I] / (1 + np.exp(-y[:, :I])) * y[:, I:]
+        with np.errstate(over="ignore"):  # random weights: exp(-g) may overflow to inf, silu -> 0
+            h = y[:, :I] / (1 + np.exp(-y[:, :I])) * y[:, I:]
         np.add.at(out, rows, (h @ w2f[e].T) * tw[rows, cols][:, None])
     return out
 

@@ -19,6 +19,11 @@ inline void dpbf16(__m512& acc, __m512i w, __m512i a) {
   asm("vdpbf16ps %[a], %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [a] "v"(a));
 }
 
+// The same with the activation pair at p broadcast by the instruction's own load ({1to16}).
+inline void dpbf16_bcast(__m512& acc, __m512i w, const uint16_t* p) {
+  asm("vdpbf16ps %[m]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [m] "m"(*reinterpret_cast<const int32_t*>(p)));
+}
+
 inline int32_t load_pair(const uint16_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -66,10 +71,11 @@ struct FloatBf16 {
             if constexpr (kFp8) wv[j] = e4m3_to_bf16(_mm256_load_si256(reinterpret_cast<const __m256i*>(panel[j] + t * 32)));
             else wv[j] = _mm512_load_si512(panel[j] + t * 64);
           }
-          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-            const __m512i av = _mm512_set1_epi32(load_pair(arow[r] + 2 * t));
-            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbf16(kFp8 ? acc[r][j] : accf[r][j], wv[j], av);
-          }
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+              if constexpr (kFp8) dpbf16_bcast(acc[r][j], wv[j], arow[r] + 2 * t);
+              else dpbf16_bcast(accf[r][j], wv[j], arow[r] + 2 * t);
+            }
         }
         if constexpr (kFp8) {
           _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {

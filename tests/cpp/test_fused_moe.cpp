@@ -22,6 +22,8 @@ const GemmCase kCases[] = {
     {"M1", 1, 5, 64, 32},          {"M3_KOneGroup", 3, 7, 128, 128}, {"M257", 257, 3, 64, 64},
     {"NOdd_PerChannel", 4, 33, 96, -1}, {"Group96", 2, 9, 192, 96},   {"KOdd_PerChannel", 5, 50, 37, -1},
     {"ManyBlocks", 7, 100, 256, 32},   {"DecodeManyBlocks", 1, 100, 256, 32}, {"FewRowsManyBlocks", 3, 77, 64, -1},
+    // K below, equal to and above the largest k-step (8, int4), per channel
+    {"KBelowStep", 4, 20, 3, -1},      {"KEqualStep", 3, 17, 8, -1},           {"KAboveStep", 5, 18, 9, -1},
 };
 
 // Activation rows in the layout the kernels read: stride Kp, zero padding, group sums, row_idx.

@@ -32,7 +32,7 @@ def test_eight_python_threads_match_single_threaded_bits(rng, name):
         np.testing.assert_array_equal(got[i], want[i])
 
 
-@pytest.mark.parametrize("name", ["int4_g128", "int8", "fp8_128", "bf16"])
+@pytest.mark.parametrize("name", ["int4_g128", "int4_g32", "int8", "fp8_128", "fp8_32x64", "bf16"])
 def test_output_bits_do_not_depend_on_thread_count(rng, name):
     E, H, I, M, k = 8, 256, 128, 300, 4
     _, w13, _, w2 = make_moe(rng, SCHEME_CONFIGS[name], E, H, I)

@@ -63,54 +63,32 @@ __attribute__((target("avx2"))) uint64_t read_avx2(const uint8_t* p, size_t n) {
   return uint64_t(_mm256_extract_epi64(x, 0) ^ _mm256_extract_epi64(x, 3));
 }
 
-// 16 independent accumulators; `iters` x 16 instructions.
-__attribute__((target("avx512f,avx512vnni"))) void vnni_loop(int64_t iters) {
-  asm volatile(
-      "vpxord %%zmm0, %%zmm0, %%zmm0\n vmovdqa64 %%zmm0, %%zmm1\n vmovdqa64 %%zmm0, %%zmm2\n"
-      "vmovdqa64 %%zmm0, %%zmm3\n vmovdqa64 %%zmm0, %%zmm4\n vmovdqa64 %%zmm0, %%zmm5\n"
-      "vmovdqa64 %%zmm0, %%zmm6\n vmovdqa64 %%zmm0, %%zmm7\n vmovdqa64 %%zmm0, %%zmm8\n"
-      "vmovdqa64 %%zmm0, %%zmm9\n vmovdqa64 %%zmm0, %%zmm10\n vmovdqa64 %%zmm0, %%zmm11\n"
-      "vmovdqa64 %%zmm0, %%zmm12\n vmovdqa64 %%zmm0, %%zmm13\n vmovdqa64 %%zmm0, %%zmm14\n"
-      "vmovdqa64 %%zmm0, %%zmm15\n vmovdqa64 %%zmm0, %%zmm16\n vmovdqa64 %%zmm0, %%zmm17\n"
-      "1:\n"
-      "vpdpbusd %%zmm17, %%zmm16, %%zmm0\n vpdpbusd %%zmm17, %%zmm16, %%zmm1\n"
-      "vpdpbusd %%zmm17, %%zmm16, %%zmm2\n vpdpbusd %%zmm17, %%zmm16, %%zmm3\n"
-      "vpdpbusd %%zmm17, %%zmm16, %%zmm4\n vpdpbusd %%zmm17, %%zmm16, %%zmm5\n"
-      "vpdpbusd %%zmm17, %%zmm16, %%zmm6\n vpdpbusd %%zmm17, %%zmm16, %%zmm7\n"
-      "vpdpbusd %%zmm17, %%zmm16, %%zmm8\n vpdpbusd %%zmm17, %%zmm16, %%zmm9\n"
-      "vpdpbusd %%zmm17, %%zmm16, %%zmm10\n vpdpbusd %%zmm17, %%zmm16, %%zmm11\n"
-      "vpdpbusd %%zmm17, %%zmm16, %%zmm12\n vpdpbusd %%zmm17, %%zmm16, %%zmm13\n"
-      "vpdpbusd %%zmm17, %%zmm16, %%zmm14\n vpdpbusd %%zmm17, %%zmm16, %%zmm15\n"
-      "dec %0\n jnz 1b\n"
-      : "+r"(iters)
-      :
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-        "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
-}
+// `iters` x 16 instructions of INSN into 16 independent accumulators (zmm0-15), sources zmm16/17.
+#define MOE_PEAK_LOOP(INSN)                                                                         \
+  asm volatile(                                                                                     \
+      "vpxord %%zmm0, %%zmm0, %%zmm0\n vmovdqa64 %%zmm0, %%zmm1\n vmovdqa64 %%zmm0, %%zmm2\n"      \
+      "vmovdqa64 %%zmm0, %%zmm3\n vmovdqa64 %%zmm0, %%zmm4\n vmovdqa64 %%zmm0, %%zmm5\n"           \
+      "vmovdqa64 %%zmm0, %%zmm6\n vmovdqa64 %%zmm0, %%zmm7\n vmovdqa64 %%zmm0, %%zmm8\n"           \
+      "vmovdqa64 %%zmm0, %%zmm9\n vmovdqa64 %%zmm0, %%zmm10\n vmovdqa64 %%zmm0, %%zmm11\n"         \
+      "vmovdqa64 %%zmm0, %%zmm12\n vmovdqa64 %%zmm0, %%zmm13\n vmovdqa64 %%zmm0, %%zmm14\n"        \
+      "vmovdqa64 %%zmm0, %%zmm15\n vmovdqa64 %%zmm0, %%zmm16\n vmovdqa64 %%zmm0, %%zmm17\n"        \
+      "1:\n" INSN " %%zmm17, %%zmm16, %%zmm0\n" INSN " %%zmm17, %%zmm16, %%zmm1\n"                 \
+      INSN " %%zmm17, %%zmm16, %%zmm2\n" INSN " %%zmm17, %%zmm16, %%zmm3\n"                         \
+      INSN " %%zmm17, %%zmm16, %%zmm4\n" INSN " %%zmm17, %%zmm16, %%zmm5\n"                         \
+      INSN " %%zmm17, %%zmm16, %%zmm6\n" INSN " %%zmm17, %%zmm16, %%zmm7\n"                         \
+      INSN " %%zmm17, %%zmm16, %%zmm8\n" INSN " %%zmm17, %%zmm16, %%zmm9\n"                         \
+      INSN " %%zmm17, %%zmm16, %%zmm10\n" INSN " %%zmm17, %%zmm16, %%zmm11\n"                       \
+      INSN " %%zmm17, %%zmm16, %%zmm12\n" INSN " %%zmm17, %%zmm16, %%zmm13\n"                       \
+      INSN " %%zmm17, %%zmm16, %%zmm14\n" INSN " %%zmm17, %%zmm16, %%zmm15\n"                       \
+      "dec %0\n jnz 1b\n"                                                                            \
+      : "+r"(iters)                                                                                 \
+      :                                                                                             \
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",     \
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc")
 
-__attribute__((target("avx512f,avx512bf16"))) void bf16_loop(int64_t iters) {
-  asm volatile(
-      "vpxord %%zmm0, %%zmm0, %%zmm0\n vmovdqa64 %%zmm0, %%zmm1\n vmovdqa64 %%zmm0, %%zmm2\n"
-      "vmovdqa64 %%zmm0, %%zmm3\n vmovdqa64 %%zmm0, %%zmm4\n vmovdqa64 %%zmm0, %%zmm5\n"
-      "vmovdqa64 %%zmm0, %%zmm6\n vmovdqa64 %%zmm0, %%zmm7\n vmovdqa64 %%zmm0, %%zmm8\n"
-      "vmovdqa64 %%zmm0, %%zmm9\n vmovdqa64 %%zmm0, %%zmm10\n vmovdqa64 %%zmm0, %%zmm11\n"
-      "vmovdqa64 %%zmm0, %%zmm12\n vmovdqa64 %%zmm0, %%zmm13\n vmovdqa64 %%zmm0, %%zmm14\n"
-      "vmovdqa64 %%zmm0, %%zmm15\n vmovdqa64 %%zmm0, %%zmm16\n vmovdqa64 %%zmm0, %%zmm17\n"
-      "1:\n"
-      "vdpbf16ps %%zmm17, %%zmm16, %%zmm0\n vdpbf16ps %%zmm17, %%zmm16, %%zmm1\n"
-      "vdpbf16ps %%zmm17, %%zmm16, %%zmm2\n vdpbf16ps %%zmm17, %%zmm16, %%zmm3\n"
-      "vdpbf16ps %%zmm17, %%zmm16, %%zmm4\n vdpbf16ps %%zmm17, %%zmm16, %%zmm5\n"
-      "vdpbf16ps %%zmm17, %%zmm16, %%zmm6\n vdpbf16ps %%zmm17, %%zmm16, %%zmm7\n"
-      "vdpbf16ps %%zmm17, %%zmm16, %%zmm8\n vdpbf16ps %%zmm17, %%zmm16, %%zmm9\n"
-      "vdpbf16ps %%zmm17, %%zmm16, %%zmm10\n vdpbf16ps %%zmm17, %%zmm16, %%zmm11\n"
-      "vdpbf16ps %%zmm17, %%zmm16, %%zmm12\n vdpbf16ps %%zmm17, %%zmm16, %%zmm13\n"
-      "vdpbf16ps %%zmm17, %%zmm16, %%zmm14\n vdpbf16ps %%zmm17, %%zmm16, %%zmm15\n"
-      "dec %0\n jnz 1b\n"
-      : "+r"(iters)
-      :
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-        "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
-}
+__attribute__((target("avx512f,avx512vnni"))) void vnni_loop(int64_t iters) { MOE_PEAK_LOOP("vpdpbusd"); }
+__attribute__((target("avx512f,avx512bf16"))) void bf16_loop(int64_t iters) { MOE_PEAK_LOOP("vdpbf16ps"); }
+#undef MOE_PEAK_LOOP
 
 // Runs loop(iters) on `threads` threads at once; returns instructions per second (all threads).
 template <class Loop>

@@ -148,6 +148,19 @@ std::vector<Task> tasks_for(const std::vector<int64_t>& begin, int64_t blocks) {
   return t;
 }
 
+// out[p, :] = GEMM of row p (expert order; row p reads activation row row_idx[p]) with w, as
+// (expert, column tile) tasks.
+void run_gemm(const PackedExperts& w, const std::vector<int64_t>& begin, const ActBuffer& acts,
+              const int32_t* row_idx, float* out) {
+  const int64_t N = w.out_features;
+  const std::vector<Task> tasks = tasks_for(begin, w.num_blocks());
+  parallel_for(int64_t(tasks.size()), [&](int64_t i) {
+    const Task& t = tasks[size_t(i)];
+    const int64_t p0 = begin[size_t(t.e)];
+    w.kernel->gemm(w, t.e, t.b0, t.b1, acts.view(row_idx + p0, begin[size_t(t.e + 1)] - p0), out + p0 * N + 16 * t.b0, N);
+  });
+}
+
 // Per-calling-thread scratch, kept between calls so that large buffers are not faulted in anew.
 struct Scratch {
   ActBuffer a1, a2;
@@ -199,13 +212,7 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   for (int64_t p = 0; p < P; ++p) a1_idx[size_t(p)] = per_slot ? slot_of[size_t(p)] : slot_of[size_t(p)] / int32_t(k), iota[size_t(p)] = int32_t(p);
   // 3. GEMM1 into c1 [P, 2I] in expert order.
   c1.resize(static_cast<size_t>(P * N1));
-  const std::vector<Task> t1 = tasks_for(begin, w13.num_blocks());
-  parallel_for(int64_t(t1.size()), [&](int64_t i) {
-    const Task& t = t1[size_t(i)];
-    const int64_t p0 = begin[size_t(t.e)];
-    w13.kernel->gemm(w13, t.e, t.b0, t.b1, a1.view(a1_idx.data() + p0, begin[size_t(t.e + 1)] - p0),
-                     c1.data() + p0 * N1 + 16 * t.b0, N1);
-  });
+  run_gemm(w13, begin, a1, a1_idx.data(), c1.data());
   // 4. Bias, activation and the GEMM2 activations, per row.
   a2.reset(w2, P);
   parallel_for(P, [&](int64_t p) {
@@ -219,13 +226,7 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   });
   // 5. GEMM2 into c2 [P, H].
   c2.resize(static_cast<size_t>(P * H));
-  const std::vector<Task> t2 = tasks_for(begin, w2.num_blocks());
-  parallel_for(int64_t(t2.size()), [&](int64_t i) {
-    const Task& t = t2[size_t(i)];
-    const int64_t p0 = begin[size_t(t.e)];
-    w2.kernel->gemm(w2, t.e, t.b0, t.b1, a2.view(iota.data() + p0, begin[size_t(t.e + 1)] - p0),
-                    c2.data() + p0 * H + 16 * t.b0, H);
-  });
+  run_gemm(w2, begin, a2, iota.data(), c2.data());
   // 6. Per token: (row + bias) * router weight, summed over j in order, rounded once.
   parallel_for(m1 - m0, [&](int64_t r) {
     const int64_t m = m0 + r;

@@ -1,17 +1,18 @@
-// fused_moe.cpp — orchestration of the fused MoE pass: route rows by expert, quantize activations,
-// GEMM1 (+bias, activation), quantize again, GEMM2 (+bias, router weight), then sum the top-k rows
-// of each token in fp32 in the order j = 0..k-1 and round once to the output dtype.
-// Each expert's rows are computed by one thread, so the result is independent of the thread count.
+// fused_moe.cpp — orchestration of the fused MoE pass, chunk by chunk of tokens: route rows by
+// expert, quantize each token's activations once, GEMM1 as (expert, column tile) tasks, bias +
+// activation + requantization per row, GEMM2 tasks, then each token's top-k rows summed in fp32 in
+// the order j = 0..k-1 and rounded once to the output dtype. Every output element is produced by
+// one task in a fixed order, so the result does not depend on the thread count.
 #include "moe_cpu/fused_moe.h"
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "common/layout.h"
 #include "common/numeric.h"
 #include "common/parallel.h"
 #include "dispatch/registry.h"
-#include "common/layout.h"
 #include "moe/activations.h"
 #include "moe_cpu/errors.h"
 

@@ -2,6 +2,7 @@
 #include "moe_cpu/packed_experts.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -233,11 +234,6 @@ PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
   PackedExperts p = make(Scheme::kInt4W4A8, E, N, K, group_size);
   const int64_t G = p.num_groups();
   const bool zp = zeros != nullptr;
-  const int64_t bad = zp ? find_outside(reinterpret_cast<const uint8_t*>(q), E * N, K, 0, 15)
-                        : find_outside(q, E * N, K, -8, 7);
-  if (bad >= 0)
-    throw ValueError(msg("qweight flat index ", bad, " = ", zp ? int(uint8_t(q[bad])) : int(q[bad]), " is outside ",
-                         zp ? "[0, 15] (unsigned int4 with zero points)" : "[-8, 7] (signed int4)"));
   check_scales(scales, E * N * G, "scales");
   if (zp)
     for (int64_t i = 0; i < E * N * G; ++i)
@@ -245,8 +241,20 @@ PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
   p.has_zeros = zp;
   p.scales = blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) { return scales[(e * N + n) * G + gi]; });
   if (zp) p.zeros = blocked<uint8_t>(p, [&](int64_t e, int64_t n, int64_t gi) { return zeros[(e * N + n) * G + gi]; });
-  if (zp) fill_panels<Scheme::kInt4W4A8>(p, [&](int64_t row, int64_t k) { return unsigned(uint8_t(q[row * K + k])); });
-  else fill_panels<Scheme::kInt4W4A8>(p, [&](int64_t row, int64_t k) { return unsigned(q[row * K + k] + 8); });
+  // One pass: the stored nibble u is q + 8 (or q itself with zero points) and must be in [0, 15];
+  // a value outside flags the pack, and only then is the input scanned for the first bad index.
+  std::atomic<bool> out_of_range{false};
+  fill_panels<Scheme::kInt4W4A8>(p, [&](int64_t row, int64_t k) {
+    const unsigned u = zp ? unsigned(uint8_t(q[row * K + k])) : unsigned(q[row * K + k] + 8);
+    if (u > 15) out_of_range.store(true, std::memory_order_relaxed);
+    return u & 15u;
+  });
+  if (out_of_range) {
+    const int64_t bad = zp ? find_outside(reinterpret_cast<const uint8_t*>(q), E * N, K, 0, 15)
+                           : find_outside(q, E * N, K, -8, 7);
+    throw ValueError(msg("qweight flat index ", bad, " = ", zp ? int(uint8_t(q[bad])) : int(q[bad]), " is outside ",
+                         zp ? "[0, 15] (unsigned int4 with zero points)" : "[-8, 7] (signed int4)"));
+  }
   p.kernel = select_kernel(p);
   return p;
 }

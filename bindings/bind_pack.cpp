@@ -140,6 +140,13 @@ void bind_pack(py::module_& m) {
       .def("unpack_quantized", &unpack_quantized,
            "The stored codes and scales as arrays: int4 {qweight, scales, zeros}, int8 {qweight, scales}, "
            "fp8 {weight, scale_inv}, bf16 {weight}.")
+      .def("save", [](const PackedExperts& p, py::object path_like) {
+        const std::string path = py::module_::import("os").attr("fspath")(path_like).cast<std::string>();
+        py::gil_scoped_release nogil;
+        save_packed(p, path);
+      }, py::arg("path"),
+           "Write the packed weights to a versioned, checksummed file (see docs/formats.md); "
+           "moe_cpu.load_packed maps it back without a copy.")
       .def("__repr__", [](const PackedExperts& p) {
         return msg("PackedExperts(scheme=", scheme_name(p.scheme), ", E=", p.num_experts, ", N=", p.out_features,
                    ", K=", p.in_features, ", group_size=", p.group_size, ", kernel=", p.kernel->name,
@@ -195,6 +202,11 @@ void bind_pack(py::module_& m) {
     return share(quantize_experts(static_cast<const float*>(w.data()), w.shape(0), w.shape(1), w.shape(2), s,
                                   group, bn, bk));
   }, py::arg("w"), py::arg("scheme"), py::arg("group_size"), py::arg("block_n"), py::arg("block_k"));
+
+  m.def("load_packed", [](const std::string& path, bool use_mmap, bool verify) {
+    py::gil_scoped_release nogil;
+    return share(load_packed(path, use_mmap, verify));
+  }, py::arg("path"), py::arg("mmap"), py::arg("verify"));
 
   m.def("registered_kernels", [] {
     py::list out;

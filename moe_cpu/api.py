@@ -6,6 +6,7 @@ the documented dtypes. bfloat16 is ``ml_dtypes.bfloat16`` or raw ``uint16`` bits
 """
 from __future__ import annotations
 
+import os
 from typing import Optional, Tuple
 
 import numpy as np
@@ -17,7 +18,7 @@ from ._dtypes import as_bits, is_named
 __all__ = [
     "PackedExperts", "pack_int4", "pack_int8", "pack_fp8", "pack_bf16", "quantize_experts",
     "fused_experts", "shared_expert", "select_experts", "moe_align_block_size",
-    "dynamic_4bit_int_moe", "set_num_threads", "get_num_threads", "cpu_features", "force_isa",
+    "dynamic_4bit_int_moe", "load_packed", "set_num_threads", "get_num_threads", "cpu_features", "force_isa",
     "SCHEMES", "ACTIVATIONS",
 ]
 
@@ -250,6 +251,18 @@ def dynamic_4bit_int_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.n
                          f"but [E, H={H}, I={I}] was expected")
     return fused_experts(x, w13_packed, w2_packed, topk_weights, topk_ids, activation=_KIND_TO_ACT[kind],
                          apply_router_weight_on_input=apply_router_weight_on_input)
+
+
+def load_packed(path: "str | os.PathLike[str]", mmap: bool = True, verify: bool = True) -> PackedExperts:
+    """Load weights written by ``PackedExperts.save``.
+
+    With ``mmap=True`` the file is mapped read-only and used in place (no copy; the mapping lives as
+    long as the returned object). ``verify=True`` checks every section's CRC32 (it reads the whole
+    file once). A wrong magic or version, a corrupted or truncated file, a header whose shapes do
+    not match its sections, or a layout this build cannot run raises ``ValueError``. The kernel is
+    chosen for this CPU at load time.
+    """
+    return _core.load_packed(os.fspath(path), bool(mmap), bool(verify))
 
 
 def set_num_threads(n: int) -> None:

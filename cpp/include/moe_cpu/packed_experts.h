@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "moe_cpu/types.h"
@@ -19,16 +20,20 @@ class AlignedBuffer {
  public:
   AlignedBuffer() = default;
   explicit AlignedBuffer(size_t bytes);
-  uint8_t* data() { return ptr_.get(); }
-  const uint8_t* data() const { return ptr_.get(); }
+  // A read-only view of n bytes at p that keeps `owner` (e.g. a file mapping) alive; no copy.
+  static AlignedBuffer view(const uint8_t* p, size_t n, std::shared_ptr<const void> owner);
+  uint8_t* data() { return view_ ? view_ : ptr_.get(); }
+  const uint8_t* data() const { return view_ ? view_ : ptr_.get(); }
   size_t size() const { return size_; }
-  template <class T> T* as() { return reinterpret_cast<T*>(ptr_.get()); }
-  template <class T> const T* as() const { return reinterpret_cast<const T*>(ptr_.get()); }
+  template <class T> T* as() { return reinterpret_cast<T*>(data()); }
+  template <class T> const T* as() const { return reinterpret_cast<const T*>(data()); }
 
  private:
   struct Free { void operator()(uint8_t* p) const; };
   std::unique_ptr<uint8_t, Free> ptr_;
   size_t size_ = 0;
+  uint8_t* view_ = nullptr;              // set for views: ptr_ is then empty
+  std::shared_ptr<const void> owner_;
 };
 
 struct PackedExperts {
@@ -79,5 +84,10 @@ PackedExperts quantize_experts(const float* w, int64_t E, int64_t N, int64_t K, 
 
 // Dequantized float32 [E,N,K].
 void unpack(const PackedExperts& p, float* out);
+
+// ---- files (format in cpp/src/moe/serialize.cpp and docs/formats.md) ----
+void save_packed(const PackedExperts& p, const std::string& path);
+// mmap: map the file read-only and use it in place (no copy); verify: check every section's CRC32.
+PackedExperts load_packed(const std::string& path, bool mmap, bool verify);
 
 }  // namespace moe_cpu

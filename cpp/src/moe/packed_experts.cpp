@@ -37,6 +37,14 @@ AlignedBuffer::AlignedBuffer(size_t bytes) : size_(bytes) {
 }
 void AlignedBuffer::Free::operator()(uint8_t* p) const { std::free(p); }
 
+AlignedBuffer AlignedBuffer::view(const uint8_t* p, size_t n, std::shared_ptr<const void> owner) {
+  AlignedBuffer b;
+  b.view_ = const_cast<uint8_t*>(p);  // kernels only read weights; a mapped file is read-only
+  b.size_ = n;
+  b.owner_ = std::move(owner);
+  return b;
+}
+
 int64_t PackedExperts::group_len() const {
   return group_size > 0 ? group_size : in_features;
 }

@@ -3,6 +3,8 @@ from .api import *  # noqa: F401,F403
 from .api import __all__ as _api_all
 from .vllm_compat import *  # noqa: F401,F403
 from .vllm_compat import __all__ as _compat_all
+from .layer import MoELayer
 
 __version__ = "0.1.0"
 __all__ = list(_api_all) + list(_compat_all)
+__all__.append("MoELayer")

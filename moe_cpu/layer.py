@@ -1,0 +1,331 @@
+"""MoELayer: one Mixture-of-Experts layer (router, routed experts, optional shared expert).
+
+The layer owns its weights and routing configuration and chains the moe_cpu calls::
+
+    logits  = x @ gate.T                          (float32; bf16 inputs are widened first)
+    w, ids  = select_experts(logits, top_k, ...)  (weights include routed_scaling_factor)
+    out     = fused_experts(x, w13, w2, w, ids, activation, biases)
+    out    += SiLU-FFN_shared(x)                  (only with a shared expert)
+
+``MoELayer.from_float`` quantizes float32 weights; ``layer.reference(x)`` evaluates the same layer in
+float64 NumPy for accuracy checks.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import numpy as np
+
+from . import api, reference
+from ._core import PackedExperts
+
+__all__ = ["MoELayer"]
+
+_SCORING = ("softmax", "sigmoid")
+
+
+# ---------------------------------------------------------------------------------------- checks
+def _int(v: object, name: str) -> int:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    return int(v)
+
+
+def _packed(w: object, name: str) -> PackedExperts:
+    if not isinstance(w, PackedExperts):
+        raise TypeError(f"{name} must be a PackedExperts (see moe_cpu.quantize_experts / pack_*), "
+                        f"got {type(w).__name__}")
+    return w
+
+
+def _f32(a: object, name: str, shape: Tuple[int, ...]) -> Optional[np.ndarray]:
+    """None, or a C-contiguous float32 array of exactly `shape`."""
+    if a is None:
+        return None
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy float32 array, got {type(a).__name__}")
+    if a.dtype != np.float32:
+        raise TypeError(f"{name} must be float32, got {a.dtype}")
+    if a.shape != tuple(shape):
+        raise ValueError(f"{name} has shape {list(a.shape)} but {list(shape)} was expected")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (use np.ascontiguousarray)")
+    return a
+
+
+def _widen(x: np.ndarray) -> np.ndarray:
+    """float32 as is; bf16 (ml_dtypes.bfloat16 or uint16 bits) -> float32 values (exact)."""
+    if x.dtype == np.float32:
+        return x
+    return (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+# ----------------------------------------------------------------------------------------- layer
+class MoELayer:
+    """A Mixture-of-Experts layer on packed weights.
+
+    Args:
+        gate: router weight, float32 ``[E, H]`` (logits = x @ gate.T).
+        w13: PackedExperts ``[E, 2I, H]`` (rows [0, I) gate, [I, 2I) up; interleaved for "swigluoai").
+        w2: PackedExperts ``[E, H, I]`` of the same scheme.
+        top_k: experts per token, in [1, E].
+        w13_bias, w2_bias: optional float32 ``[E, 2I]`` / ``[E, H]`` expert biases.
+        shared_w13, shared_w2: optional shared expert, PackedExperts ``[1, 2Is, H]`` / ``[1, H, Is]``
+            (both or neither; any scheme, the same for both). It always uses SiLU (``shared_expert``).
+        renormalize, scoring_func, use_grouped_topk, num_expert_group, topk_group,
+        e_score_correction_bias (float32 ``[E]``), routed_scaling_factor: routing, as in
+            ``moe_cpu.select_experts``.
+        activation: one of ``moe_cpu.ACTIVATIONS``.
+
+    ``routed_scaling_factor`` multiplies the routed output only, before the shared expert is added
+    (DeepSeek-V3: ``out = factor * routed + shared``). ``select_experts`` already folds the factor
+    into the router weights, so the shared expert is added with ``shared_expert(...,
+    routed_scaling_factor=1.0)``.
+    """
+
+    def __init__(self, gate: np.ndarray, w13: PackedExperts, w2: PackedExperts, *, top_k: int,
+                 w13_bias: Optional[np.ndarray] = None, w2_bias: Optional[np.ndarray] = None,
+                 shared_w13: Optional[PackedExperts] = None, shared_w2: Optional[PackedExperts] = None,
+                 renormalize: bool = False, scoring_func: str = "softmax", use_grouped_topk: bool = False,
+                 num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
+                 e_score_correction_bias: Optional[np.ndarray] = None, routed_scaling_factor: float = 1.0,
+                 activation: str = "silu") -> None:
+        self.w13, self.w2 = _packed(w13, "w13"), _packed(w2, "w2")
+        if w13.scheme != w2.scheme:
+            raise ValueError(f"w13 is packed as {w13.scheme} but w2 as {w2.scheme}; both must use the same scheme")
+        E, H = w13.num_experts, w13.in_features
+        if w13.out_features % 2:
+            raise ValueError(f"w13.out_features = {w13.out_features} must be even (2 * I: gate and up)")
+        I = w13.out_features // 2
+        if (w2.num_experts, w2.out_features, w2.in_features) != (E, H, I):
+            raise ValueError(f"w2 is [{w2.num_experts}, {w2.out_features}, {w2.in_features}] but "
+                             f"[E={E}, H={H}, I={I}] was expected from w13 [{E}, {2 * I}, {H}]")
+        if not isinstance(gate, np.ndarray):
+            raise TypeError(f"gate must be a numpy float32 array [E, H], got {type(gate).__name__}")
+        self.gate = _f32(gate, "gate", (E, H))
+        self.w13_bias = _f32(w13_bias, "w13_bias", (E, 2 * I))
+        self.w2_bias = _f32(w2_bias, "w2_bias", (E, H))
+
+        if (shared_w13 is None) != (shared_w2 is None):
+            raise ValueError("shared_w13 and shared_w2 must be given together (or neither)")
+        self.shared_w13, self.shared_w2 = shared_w13, shared_w2
+        if shared_w13 is not None:
+            s13, s2 = _packed(shared_w13, "shared_w13"), _packed(shared_w2, "shared_w2")
+            if s13.scheme != s2.scheme:
+                raise ValueError(f"shared_w13 is packed as {s13.scheme} but shared_w2 as {s2.scheme}")
+            if s13.num_experts != 1 or s2.num_experts != 1:
+                raise ValueError(f"the shared expert must have num_experts == 1, got shared_w13 "
+                                 f"{s13.num_experts} and shared_w2 {s2.num_experts}")
+            Is = s13.out_features // 2
+            if s13.out_features % 2 or s13.in_features != H or (s2.out_features, s2.in_features) != (H, Is):
+                raise ValueError(f"shared_w13 [1, {s13.out_features}, {s13.in_features}] and shared_w2 "
+                                 f"[1, {s2.out_features}, {s2.in_features}] must be [1, 2Is, H={H}] and [1, H={H}, Is]")
+
+        # routing
+        self.top_k = _int(top_k, "top_k")
+        if not 1 <= self.top_k <= E:
+            raise ValueError(f"top_k = {self.top_k} must be in [1, E={E}]")
+        self.renormalize = bool(renormalize)
+        if scoring_func not in _SCORING:
+            raise ValueError(f"scoring_func = {scoring_func!r} must be one of {_SCORING}")
+        self.scoring_func = scoring_func
+        self.use_grouped_topk = bool(use_grouped_topk)
+        if self.use_grouped_topk:
+            if num_expert_group is None or topk_group is None:
+                raise ValueError("use_grouped_topk=True needs num_expert_group and topk_group")
+            G, T = _int(num_expert_group, "num_expert_group"), _int(topk_group, "topk_group")
+            if G < 1 or E % G:
+                raise ValueError(f"num_expert_group = {G} must be positive and divide E = {E}")
+            if not 1 <= T <= G:
+                raise ValueError(f"topk_group = {T} must be in [1, num_expert_group={G}]")
+            if self.top_k > T * (E // G):
+                raise ValueError(f"top_k = {self.top_k} exceeds the {T * (E // G)} experts of topk_group={T} "
+                                 f"groups of {E // G}")
+            num_expert_group, topk_group = G, T
+        elif num_expert_group is not None or topk_group is not None:
+            raise ValueError("num_expert_group / topk_group are given but use_grouped_topk=False")
+        self.num_expert_group, self.topk_group = num_expert_group, topk_group
+        self.e_score_correction_bias = _f32(e_score_correction_bias, "e_score_correction_bias", (E,))
+        if (self.use_grouped_topk and self.e_score_correction_bias is not None
+                and E // self.num_expert_group < 2):
+            raise ValueError("e_score_correction_bias with grouped routing needs >= 2 experts per group")
+        if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float, np.number)):
+            raise TypeError(f"routed_scaling_factor must be a number, got {type(routed_scaling_factor).__name__}")
+        if not math.isfinite(float(routed_scaling_factor)):
+            raise ValueError(f"routed_scaling_factor = {routed_scaling_factor} must be finite")
+        self.routed_scaling_factor = float(routed_scaling_factor)
+        if activation not in api.ACTIVATIONS:
+            raise ValueError(f"activation = {activation!r} must be one of {api.ACTIVATIONS}")
+        self.activation = activation
+
+    # ------------------------------------------------------------------ construction from float
+    @classmethod
+    def from_float(cls, gate: np.ndarray, w13: np.ndarray, w2: np.ndarray, *, top_k: int,
+                   scheme: str = "int4_w4a8", group_size: Optional[int] = None,
+                   block_size: Tuple[int, int] = (128, 128), w13_bias: Optional[np.ndarray] = None,
+                   w2_bias: Optional[np.ndarray] = None, shared_w13: Optional[np.ndarray] = None,
+                   shared_w2: Optional[np.ndarray] = None, renormalize: bool = False,
+                   scoring_func: str = "softmax", use_grouped_topk: bool = False,
+                   num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
+                   e_score_correction_bias: Optional[np.ndarray] = None,
+                   routed_scaling_factor: float = 1.0, activation: str = "silu") -> "MoELayer":
+        """Quantize float32 weights with ``moe_cpu.quantize_experts`` and build the layer.
+
+        Args:
+            gate: float32 ``[E, H]``. w13: float32 ``[E, 2I, H]``. w2: float32 ``[E, H, I]``.
+            scheme, group_size, block_size: as in ``quantize_experts`` (int4 default group 128,
+                int8 default per channel; the group size must divide H and I).
+            shared_w13, shared_w2: optional shared expert, float32 ``[2Is, H]`` and ``[H, Is]``,
+                quantized with the same scheme and group size (which must then divide Is too).
+            The other arguments are passed to ``MoELayer(...)`` unchanged.
+        """
+        if (shared_w13 is None) != (shared_w2 is None):
+            raise ValueError("shared_w13 and shared_w2 must be given together (or neither)")
+
+        def q(w: object, name: str, ndim: int) -> PackedExperts:
+            if not isinstance(w, np.ndarray) or w.ndim != ndim:
+                raise ValueError(f"{name} must be a {ndim}-D float32 array, got "
+                                 f"{getattr(w, 'shape', type(w).__name__)}")
+            w = w if ndim == 3 else w[None]
+            try:
+                return api.quantize_experts(np.ascontiguousarray(w), scheme, group_size, block_size)
+            except (ValueError, TypeError) as e:
+                raise type(e)(f"{name}: {e}") from None
+
+        shared = (None, None)
+        if shared_w13 is not None:
+            shared = (q(shared_w13, "shared_w13", 2), q(shared_w2, "shared_w2", 2))
+        return cls(gate, q(w13, "w13", 3), q(w2, "w2", 3), top_k=top_k, w13_bias=w13_bias, w2_bias=w2_bias,
+                   shared_w13=shared[0], shared_w2=shared[1], renormalize=renormalize,
+                   scoring_func=scoring_func, use_grouped_topk=use_grouped_topk,
+                   num_expert_group=num_expert_group, topk_group=topk_group,
+                   e_score_correction_bias=e_score_correction_bias,
+                   routed_scaling_factor=routed_scaling_factor, activation=activation)
+
+    # ------------------------------------------------------------------ shapes
+    @property
+    def num_experts(self) -> int:
+        """E, the number of routed experts."""
+        return self.w13.num_experts
+
+    @property
+    def hidden_size(self) -> int:
+        """H, the model dimension."""
+        return self.w13.in_features
+
+    @property
+    def intermediate_size(self) -> int:
+        """I, the routed experts' intermediate dimension."""
+        return self.w2.in_features
+
+    @property
+    def scheme(self) -> str:
+        """The routed experts' weight scheme (one of ``moe_cpu.SCHEMES``)."""
+        return self.w13.scheme
+
+    @property
+    def has_shared_expert(self) -> bool:
+        """True when a shared expert is added to every token's output."""
+        return self.shared_w13 is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Packed weight bytes: routed experts plus the shared expert (router and biases excluded)."""
+        n = self.w13.nbytes + self.w2.nbytes
+        if self.has_shared_expert:
+            n += self.shared_w13.nbytes + self.shared_w2.nbytes
+        return n
+
+    # ------------------------------------------------------------------ forward
+    def _check_x(self, x: object) -> np.ndarray:
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"x must be a numpy array [M, H], got {type(x).__name__}")
+        if not (x.dtype == np.float32 or x.dtype == np.uint16 or x.dtype.name == "bfloat16"):
+            raise TypeError(f"x must be float32 or bfloat16 (ml_dtypes or uint16 bits), got {x.dtype}")
+        if x.ndim != 2 or x.shape[1] != self.hidden_size:
+            raise ValueError(f"x has shape {list(x.shape)} but [M, H={self.hidden_size}] was expected")
+        if not x.flags.c_contiguous:
+            raise ValueError("x must be C-contiguous (use np.ascontiguousarray)")
+        return x
+
+    def router_logits(self, x: np.ndarray) -> np.ndarray:
+        """float32 ``[M, E]`` = x @ gate.T. bf16 inputs are widened to float32 values for this matmul."""
+        return np.ascontiguousarray(_widen(self._check_x(x)) @ self.gate.T, dtype=np.float32)
+
+    def _routing_kwargs(self) -> dict:
+        return dict(renormalize=self.renormalize, scoring_func=self.scoring_func,
+                    use_grouped_topk=self.use_grouped_topk, num_expert_group=self.num_expert_group,
+                    topk_group=self.topk_group, e_score_correction_bias=self.e_score_correction_bias,
+                    routed_scaling_factor=self.routed_scaling_factor)
+
+    def route(self, x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """``(topk_weights float32 [M, k], topk_ids int32 [M, k])`` from ``moe_cpu.select_experts``;
+        the weights include ``routed_scaling_factor``."""
+        return api.select_experts(self.router_logits(x), self.top_k, **self._routing_kwargs())
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """Run the layer on x ``[M, H]`` (float32 or bfloat16); returns ``[M, H]`` of x's dtype.
+
+        The router matmul runs in float32 (bf16 inputs are widened to their float32 values); the
+        experts take x as is. Routed output (scaled by ``routed_scaling_factor`` through the router
+        weights) plus, when present, the SiLU shared expert added unscaled, rounded once to x's dtype.
+        """
+        weights, ids = self.route(x)
+        out = api.fused_experts(x, self.w13, self.w2, weights, ids, activation=self.activation,
+                                w13_bias=self.w13_bias, w2_bias=self.w2_bias)
+        if self.has_shared_expert:   # factor already applied by select_experts
+            out = api.shared_expert(x, self.shared_w13, self.shared_w2, out, 1.0, inplace=True)
+        return out
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        """float64 ``[M, H]``: the same layer in NumPy (``moe_cpu.reference``) for accuracy checks.
+
+        Routes with ``reference.select_experts_ref`` on the same float32 logits and computes every
+        expert in float64 with the dequantized weights (``unpack()``): the weight quantization is
+        included, the kernels' activation quantization / bf16 rounding is not. The shared expert
+        (SiLU FFN of its dequantized weights) is added in float64 too.
+        """
+        x = self._check_x(x)
+        weights, ids = reference.select_experts_ref(self.router_logits(x), self.top_k, **self._routing_kwargs())
+        out = reference.fused_experts_float64(x, self.w13.unpack(), self.w2.unpack(), weights, ids,
+                                              activation=self.activation, w13_bias=self.w13_bias,
+                                              w2_bias=self.w2_bias)
+        if self.has_shared_expert:
+            M = x.shape[0]
+            out += reference.fused_experts_float64(x, self.shared_w13.unpack(), self.shared_w2.unpack(),
+                                                   np.ones((M, 1), np.float32), np.zeros((M, 1), np.int32))
+        return out
+
+    # ------------------------------------------------------------------ display
+    def _routing_str(self) -> str:
+        parts = [f"{'grouped ' if self.use_grouped_topk else ''}{self.scoring_func} top-{self.top_k}"]
+        if self.use_grouped_topk:
+            parts.append(f"{self.topk_group} of {self.num_expert_group} groups")
+        if self.e_score_correction_bias is not None:
+            parts.append("correction bias")
+        if self.renormalize:
+            parts.append("renormalized")
+        if self.routed_scaling_factor != 1.0:
+            parts.append(f"scale {self.routed_scaling_factor:g}")
+        return ", ".join(parts)
+
+    def __repr__(self) -> str:
+        w = self.w13
+        quant = {"int4_w4a8": f"group {w.group_size}", "int8_w8a8": f"group {w.group_size}",
+                 "fp8_w8a16": f"block {w.block_size}", "bf16": ""}[w.scheme]
+        quant = quant.replace("group -1", "per channel")
+        biases = ", with biases" if self.w13_bias is not None or self.w2_bias is not None else ""
+        lines = [f"MoELayer(E={self.num_experts}, H={self.hidden_size}, I={self.intermediate_size}, "
+                 f"top_k={self.top_k}, activation={self.activation})",
+                 f"  weights: {w.scheme}{' (' + quant + ')' if quant else ''}, kernel {w.kernel}, "
+                 f"{_mib(self.nbytes)}{biases}",
+                 f"  routing: {self._routing_str()}"]
+        if self.has_shared_expert:
+            lines.append(f"  shared expert: Is={self.shared_w2.in_features}, {self.shared_w13.scheme}, "
+                         f"{_mib(self.shared_w13.nbytes + self.shared_w2.nbytes)}")
+        return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""Checkpoint loaders: read ONE MoE layer's experts from a checkpoint straight into PackedExperts.
+
+``load_layer(path, layer_idx, scheme=None)`` reads a Hugging Face safetensors checkpoint (a
+directory, one ``.safetensors`` file or a list of them, with ``config.json`` beside them) or a
+``.gguf`` file. Experts are streamed one at a time: each expert's tensors are read, converted to
+integer / fp8 codes (or quantized from float with the ``moe_cpu.quantize_experts`` rules) and copied
+into the stacked ``[E, N, K]`` arrays that ``moe_cpu.pack_*`` take; no float copy of the layer is
+made. Quantized checkpoints keep their codes and scales bit for bit. Every bad input (unknown
+format, missing tensor or config key, wrong shape or dtype, unsupported type) raises ``ValueError``
+naming the tensor or key and what was expected.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence, Tuple, Union
+
+from ..api import SCHEMES
+from ._common import LayerWeights
+from .config import MoEConfig
+
+__all__ = ["load_layer", "LayerWeights", "MoEConfig"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _is_gguf(path: str) -> bool:
+    if path.lower().endswith(".gguf"):
+        return True
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def load_layer(path: Union[PathLike, Sequence[PathLike]], layer_idx: int, scheme: Optional[str] = None, *,
+               group_size: Optional[int] = None, block_size: Tuple[int, int] = (128, 128)) -> LayerWeights:
+    """Load the MoE layer ``layer_idx`` of a checkpoint into a :class:`LayerWeights`.
+
+    Args:
+        path: a directory of ``.safetensors`` files (``model.safetensors.index.json`` is used when
+            present), one ``.safetensors`` file, a list of them (``config.json`` must be in the
+            directory of the first), or a ``.gguf`` file.
+        layer_idx: the decoder layer (0-based); a dense layer raises ValueError.
+        scheme: target scheme for UNQUANTIZED weights (F32 / BF16 / F16): one of
+            ``moe_cpu.SCHEMES``; None means "bf16" (exact for BF16 checkpoints, rounded to nearest
+            even otherwise). Quantized checkpoints load losslessly in their own scheme
+            (compressed-tensors int4 -> int4_w4a8, int8 -> int8_w8a8, DeepSeek FP8 -> fp8_w8a16,
+            GGUF Q4_0 -> int4_w4a8 g32, Q8_0 -> int8_w8a8 g32); there scheme must be None, the same
+            scheme, or "int8_w8a8" for int4 codes (lossless widening).
+        group_size: int4 / int8 group size when quantizing float weights (defaults as in
+            ``quantize_experts``: 128 for int4, per channel for int8).
+        block_size: fp8 ``(bn, bk)`` when quantizing float weights to fp8_w8a16.
+
+    Returns:
+        LayerWeights: w13 ``[E, 2I, H]`` (gate rows then up rows), w2 ``[E, H, I]``, router
+        ``gate`` float32 ``[E, H]``, optional biases / shared expert / correction bias, ``config``.
+    """
+    if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or layer_idx < 0:
+        raise ValueError(f"layer_idx must be a non-negative int, got {layer_idx!r}")
+    if scheme is not None and scheme not in SCHEMES:
+        raise ValueError(f"scheme = {scheme!r} is not one of {SCHEMES} (or None)")
+    kw = dict(scheme=scheme, group_size=group_size, block_size=block_size)
+    if isinstance(path, (list, tuple)):
+        from .safetensors_loader import load_safetensors_layer
+        return load_safetensors_layer(path, layer_idx, **kw)
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise ValueError(f"{p}: no such file or directory")
+    if os.path.isdir(p) or p.lower().endswith(".safetensors"):
+        from .safetensors_loader import load_safetensors_layer
+        return load_safetensors_layer(p, layer_idx, **kw)
+    if _is_gguf(p):
+        from .gguf_loader import load_gguf_layer
+        return load_gguf_layer(p, layer_idx, **kw)
+    raise ValueError(f"{p}: unknown checkpoint format (expected a directory or .safetensors files with "
+                     "config.json, or a .gguf file)")

@@ -1,0 +1,211 @@
+"""Shared pieces of the loaders: the LayerWeights result, per-expert parts and the expert stacker.
+
+A format reader turns one expert's tensor into a :class:`Part` (integer codes + scales, fp8 codes +
+block scales, or float32 values). :func:`build_experts` streams the experts one at a time into
+preallocated ``[E, N, K]`` code / scale arrays (never a float copy of the layer) and packs them once.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import api
+from .._core import PackedExperts
+from .config import MoEConfig
+
+__all__ = ["LayerWeights", "Part", "Source", "resolve_scheme", "build_experts", "bf16_bits_to_f32"]
+
+INT_SCHEMES = ("int4_w4a8", "int8_w8a8")
+
+
+@dataclass
+class LayerWeights:
+    """One MoE layer's weights, ready for ``moe_cpu.fused_experts`` / ``moe_cpu.MoELayer``.
+
+    Attributes:
+        w13: PackedExperts ``[E, 2I, H]``: rows [0, I) gate, [I, 2I) up (gpt-oss safetensors:
+            interleaved gate/up rows, activation "swigluoai").
+        w2: PackedExperts ``[E, H, I]`` of the same scheme.
+        gate: router weight, float32 ``[E, H]`` (logits = x @ gate.T).
+        config: the layer's :class:`MoEConfig` (top_k, routing, activation, sizes, model_type).
+        w13_bias, w2_bias: float32 ``[E, 2I]`` / ``[E, H]`` expert biases, or None.
+        shared_w13, shared_w2: one-expert PackedExperts of the shared expert, or None.
+        e_score_correction_bias: float32 ``[E]`` (DeepSeek-V3 noaux_tc), or None.
+        gate_bias: float32 ``[E]`` router bias (gpt-oss: logits = x @ gate.T + gate_bias), or None.
+        shared_expert_gate: float32 ``[H]`` (Qwen2-MoE: the shared expert's output is multiplied by
+            sigmoid(x @ shared_expert_gate)), or None.
+        source: a short description of what was read (format, scheme, file).
+    """
+    w13: PackedExperts
+    w2: PackedExperts
+    gate: np.ndarray
+    config: MoEConfig
+    w13_bias: Optional[np.ndarray] = None
+    w2_bias: Optional[np.ndarray] = None
+    shared_w13: Optional[PackedExperts] = None
+    shared_w2: Optional[PackedExperts] = None
+    e_score_correction_bias: Optional[np.ndarray] = None
+    gate_bias: Optional[np.ndarray] = None
+    shared_expert_gate: Optional[np.ndarray] = None
+    source: str = ""
+
+    @property
+    def scheme(self) -> str:
+        """The routed experts' scheme (one of ``moe_cpu.SCHEMES``)."""
+        return self.w13.scheme
+
+    def to_moe_layer(self):
+        """A ``moe_cpu.MoELayer`` with these weights and routing.
+
+        Raises ValueError when the layer needs something MoELayer cannot express (a router bias or a
+        gated shared expert): use the fields directly then.
+        """
+        from ..layer import MoELayer
+        if self.gate_bias is not None or self.shared_expert_gate is not None:
+            raise ValueError("this layer has a router bias or a shared-expert gate, which MoELayer does not "
+                             "support; call moe_cpu.select_experts / fused_experts with the fields directly")
+        c = self.config
+        return MoELayer(self.gate, self.w13, self.w2, top_k=c.top_k, w13_bias=self.w13_bias, w2_bias=self.w2_bias,
+                        shared_w13=self.shared_w13, shared_w2=self.shared_w2,
+                        e_score_correction_bias=self.e_score_correction_bias, activation=c.activation,
+                        **c.routing_kwargs())
+
+
+@dataclass
+class Part:
+    """One expert's slice of a projection, rows [r0, r0 + n) of the stacked tensor.
+
+    kind "int": q int8 ``[n, K]`` and scales float32 ``[n, G]``; "fp8": q uint8 e4m3fn codes and
+    scales float32 ``[ceil(n/bn), ceil(K/bk)]`` with ``bn`` given; "float": q float32 ``[n, K]``.
+    """
+    kind: str
+    q: np.ndarray
+    scales: Optional[np.ndarray] = None
+    bn: int = 0
+
+
+@dataclass
+class Source:
+    """One projection tensor (for every expert): its rows in the stack, what it holds, a reader.
+
+    native: the scheme its data is in ("int4_w4a8", "int8_w8a8", "fp8_w8a16") or "float";
+    group: int group size (-1 per channel) or fp8 (bn, bk); read(e) -> Part of expert e.
+    """
+    name: str
+    rows: int
+    native: str
+    group: object
+    read: Callable[[int], Part]
+
+
+def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    """uint16 bfloat16 bits -> float32 values (exact)."""
+    return (np.asarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def resolve_scheme(sources: Sequence[Source], requested: Optional[str], what: str) -> str:
+    """The one scheme for all routed (or all shared) projections.
+
+    Float tensors are quantized to ``requested`` (bf16 when None). Integer checkpoints keep their
+    codes: int4 and int8 parts together become int8 (int4 codes are valid int8 codes, lossless);
+    ``requested`` may only widen int4 to int8. Mixing float and quantized tensors is an error.
+    """
+    natives = {s.native for s in sources}
+    names = ", ".join(s.name for s in sources)
+    if natives == {"float"}:
+        return requested or "bf16"
+    if "float" in natives:
+        raise ValueError(f"{what}: tensors {names} mix quantized and unquantized types; load_layer "
+                         "cannot combine them into one scheme")
+    if natives <= set(INT_SCHEMES):
+        scheme = "int8_w8a8" if "int8_w8a8" in natives or requested == "int8_w8a8" else "int4_w4a8"
+    elif natives == {"fp8_w8a16"}:
+        scheme = "fp8_w8a16"
+    else:
+        raise ValueError(f"{what}: tensors {names} are quantized differently ({sorted(natives)})")
+    if requested not in (None, scheme):
+        raise ValueError(f"{what}: the checkpoint is already quantized ({scheme} from {sorted(natives)}); "
+                         f"scheme={requested!r} would need requantization, which load_layer does not do "
+                         f"(pass scheme=None or {scheme!r})")
+    return scheme
+
+
+def _stack_group(sources: Sequence[Source], scheme: str, group_size: Optional[int],
+                 block: Tuple[int, int], what: str) -> object:
+    """Group size (int schemes) or (bn, bk) block (fp8) of the stacked tensor."""
+    if sources[0].native == "float":
+        if scheme in INT_SCHEMES:
+            return (128 if scheme == "int4_w4a8" else -1) if group_size is None else group_size
+        return tuple(block) if scheme == "fp8_w8a16" else -1
+    groups = {s.group for s in sources}
+    if len(groups) != 1:
+        raise ValueError(f"{what}: tensors {', '.join(s.name for s in sources)} use different groups / blocks "
+                         f"{sorted(groups, key=str)}")
+    g = groups.pop()
+    if scheme == "fp8_w8a16":   # row blocks must not straddle gate/up: refine to gcd(bn, row offsets)
+        bn, bk = g
+        for r in np.cumsum([s.rows for s in sources])[:-1]:
+            bn = math.gcd(bn, int(r))
+        return (bn, bk)
+    return g
+
+
+def build_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: str,
+                  group_size: Optional[int] = None, block: Tuple[int, int] = (128, 128)) -> PackedExperts:
+    """Stream experts 0..E-1 of ``sources`` (stacked along rows) into one PackedExperts.
+
+    Quantized parts are copied code for code; float parts of one expert are concatenated and quantized
+    with ``quantize_experts`` on that expert alone ([1, N, K]), which is bit-exact with quantizing the
+    whole stacked layer at once (groups and blocks never cross experts).
+    """
+    N = sum(s.rows for s in sources)
+    g = _stack_group(sources, scheme, group_size, block, what)
+    from_float = sources[0].native == "float"
+    if scheme in INT_SCHEMES:
+        if not (g == -1 or (isinstance(g, int) and g > 0 and K % g == 0)):
+            raise ValueError(f"{what}: group_size = {g} must divide K = {K} (or be -1)")
+        q = np.empty((E, N, K), np.int8)
+        s = np.empty((E, N, 1 if g == -1 else K // g), np.float32)
+    elif scheme == "fp8_w8a16":
+        q = np.empty((E, N, K), np.uint8)
+        s = np.empty((E, -(-N // g[0]), -(-K // g[1])), np.float32)
+    else:
+        q, s = np.empty((E, N, K), np.uint16), None
+    for e in range(E):
+        parts = [src.read(e) for src in sources]
+        if from_float:
+            w = parts[0].q if len(parts) == 1 else np.concatenate([p.q for p in parts])
+            try:
+                d = api.quantize_experts(np.ascontiguousarray(w[None], np.float32), scheme,
+                                         None if scheme in ("fp8_w8a16", "bf16") else g, block).unpack_quantized()
+            except ValueError as err:
+                raise ValueError(f"{what}: expert {e}: {err}") from None
+            q[e] = d.get("qweight", d.get("weight"))[0]
+            if s is not None:
+                s[e] = d.get("scales", d.get("scale_inv"))[0]
+            continue
+        r0 = 0
+        for src, p in zip(sources, parts):
+            n = src.rows
+            q[e, r0:r0 + n] = p.q
+            if scheme == "fp8_w8a16":     # expand source row blocks (bn) to the stack's (g[0] divides bn)
+                bn = g[0]
+                rows = (np.arange(-(-n // bn)) * bn) // p.bn
+                s[e, r0 // bn: r0 // bn + len(rows)] = p.scales[rows]
+            else:
+                s[e, r0:r0 + n] = p.scales
+            r0 += n
+    try:
+        if scheme == "int4_w4a8":
+            return api.pack_int4(q, s, group_size=g)
+        if scheme == "int8_w8a8":
+            return api.pack_int8(q, s, group_size=g)
+        if scheme == "fp8_w8a16":
+            return api.pack_fp8(q, s, block_size=g)
+        return api.pack_bf16(q)
+    except ValueError as err:
+        raise ValueError(f"{what}: {err}") from None
+

@@ -3,6 +3,10 @@
     moe-cpu info                      CPU features, the kernel of each scheme, threads, version
     moe-cpu bench [--experts 128] [--tokens 1,16,256] [--schemes int8_w8a8,bf16] [--out FILE]
     moe-cpu demo [demo args]          the Qwen3-30B-A3B-shaped accuracy / speed demo
+    moe-cpu convert --checkpoint PATH --out DIR --layers 1,3-5 [--scheme S]
+                                      packed layer directories (MoELayer.save) for fast loading
+    moe-cpu run --checkpoint PATH --layer L [--tokens 32] [--scheme S]
+                                      random tokens through one layer: error vs float64, speed
 """
 from __future__ import annotations
 
@@ -133,10 +137,68 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------- convert / run
+def _layer_list(s: str) -> List[int]:
+    """'1,3-5' -> [1, 3, 4, 5]."""
+    out: List[int] = []
+    try:
+        for part in s.split(","):
+            a, _, b = part.partition("-")
+            out += list(range(int(a), int(b) + 1)) if b else [int(a)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer numbers like 1,3-5, got {s!r}") from None
+    if not out or min(out) < 0:
+        raise argparse.ArgumentTypeError(f"expected non-negative layer numbers, got {s!r}")
+    return out
+
+
+def _open_layer(path: str, layer: int, scheme: Optional[str]):
+    """A converted layer directory (layer.json) or layer `layer` of a checkpoint."""
+    from .layer import MoELayer
+
+    if os.path.isfile(os.path.join(path, "layer.json")):
+        return MoELayer.load(path)
+    return MoELayer.from_pretrained(path, layer, scheme)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """Pack the MoE layers of a checkpoint once; each lands in OUT/layer_NNN (MoELayer.load maps it)."""
+    from .layer import MoELayer
+
+    try:
+        from tqdm import tqdm
+    except ImportError:   # the progress bar is cosmetic: say so and go on without it
+        print("(install tqdm for a progress bar)", file=sys.stderr)
+
+        def tqdm(it, **_):  # type: ignore[no-redef]
+            return it
+
+    for layer in tqdm(args.layers, desc="converting", unit="layer"):
+        m = MoELayer.from_pretrained(args.checkpoint, layer, args.scheme)
+        m.save(os.path.join(args.out, f"layer_{layer:03d}"))
+    print(f"wrote {len(args.layers)} layer(s) to {args.out}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Random tokens through one layer: relative L2 error against the float64 layer with the same
+    (dequantized) weights, and the time per call."""
+    m = _open_layer(args.checkpoint, args.layer, args.scheme)
+    print(m)
+    x = np.random.default_rng(args.seed).standard_normal((args.tokens, m.hidden_size), dtype=np.float32)
+    out = m(x)
+    ref = m.reference(x)
+    err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+    t = _median_time(lambda: m(x), args.min_time)
+    print(f"{args.tokens} tokens: relative L2 error vs float64 {err:.4g}, {t * 1e3:.3f} ms/call, "
+          f"{args.tokens / t:.0f} tokens/s")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ main
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moe-cpu", description="moe_cpu: CPU Mixture-of-Experts kernels.")
-    sub = p.add_subparsers(dest="command", metavar="{info,bench,demo}")
+    sub = p.add_subparsers(dest="command", metavar="{info,bench,demo,convert,run}")
     sub.required = True
     sub.add_parser("info", help="CPU features, kernel per scheme, threads, version")
     b = sub.add_parser("bench", help="quick fused_experts benchmark (Qwen3-30B-A3B shape by default)")
@@ -151,6 +213,18 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="moe_cpu_bench.json", help="JSON output (default ./moe_cpu_bench.json)")
     sub.add_parser("demo", help="Qwen3-30B-A3B-shaped demo; other arguments go to moe_cpu.demo",
                    add_help=False)
+    c = sub.add_parser("convert", help="pack checkpoint layers once into directories that load by mmap")
+    c.add_argument("--checkpoint", required=True, help="safetensors directory / file or .gguf file")
+    c.add_argument("--out", required=True, help="output directory (one layer_NNN directory per layer)")
+    c.add_argument("--layers", required=True, type=_layer_list, help="layer numbers, e.g. 1,3-5")
+    c.add_argument("--scheme", default=None, help="scheme for unquantized checkpoints (default: as stored / bf16)")
+    r = sub.add_parser("run", help="random tokens through one layer: accuracy vs float64 and speed")
+    r.add_argument("--checkpoint", required=True, help="checkpoint, or a directory written by convert")
+    r.add_argument("--layer", type=int, default=0, help="layer number in the checkpoint")
+    r.add_argument("--tokens", type=int, default=32, help="number of random tokens (default 32)")
+    r.add_argument("--scheme", default=None, help="scheme for unquantized checkpoints")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--min-time", type=float, default=0.3, help="seconds of timed calls")
     return p
 
 
@@ -163,7 +237,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     args = _parser().parse_args(argv)
     try:
-        return {"info": cmd_info, "bench": cmd_bench}[args.command](args)
+        return {"info": cmd_info, "bench": cmd_bench, "convert": cmd_convert, "run": cmd_run}[args.command](args)
+    except (ValueError, TypeError) as e:   # bad checkpoint, arguments or files: the message says what
+        print(f"moe-cpu {args.command}: error: {e}", file=sys.stderr)
+        return 2
     except BrokenPipeError:   # e.g. `moe-cpu info | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

@@ -12,13 +12,17 @@ float64 NumPy for accuracy checks.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 from typing import Optional, Tuple
 
 import numpy as np
 
 from . import api, reference
 from ._core import PackedExperts
+
+_LAYER_FORMAT = "moe_cpu.layer"   # layer.json "format" written by MoELayer.save
 
 __all__ = ["MoELayer"]
 
@@ -206,6 +210,58 @@ class MoELayer:
                    num_expert_group=num_expert_group, topk_group=topk_group,
                    e_score_correction_bias=e_score_correction_bias,
                    routed_scaling_factor=routed_scaling_factor, activation=activation)
+
+    # ------------------------------------------------------------------ checkpoints and packed files
+    @classmethod
+    def from_pretrained(cls, path: "str | os.PathLike[str]", layer_idx: int, scheme: Optional[str] = None,
+                        **loader_kwargs: object) -> "MoELayer":
+        """Layer ``layer_idx`` of a checkpoint (safetensors directory or file, or GGUF), via
+        ``moe_cpu.loaders.load_layer`` (which documents formats, model families and ``scheme``)."""
+        from .loaders import load_layer
+
+        return load_layer(path, layer_idx, scheme, **loader_kwargs).to_moe_layer()
+
+    def save(self, directory: "str | os.PathLike[str]") -> None:
+        """Write the layer to a directory: packed weights (``*.moe``, mapped back without a copy by
+        :meth:`load`), the router and biases as ``.npy``, and the routing settings in ``layer.json``."""
+        d = os.fspath(directory)
+        os.makedirs(d, exist_ok=True)
+        packed = {"w13": self.w13, "w2": self.w2, "shared_w13": self.shared_w13, "shared_w2": self.shared_w2}
+        arrays = {"gate": self.gate, "w13_bias": self.w13_bias, "w2_bias": self.w2_bias,
+                  "e_score_correction_bias": self.e_score_correction_bias}
+        for name, p in packed.items():
+            if p is not None:
+                p.save(os.path.join(d, f"{name}.moe"))
+        for name, a in arrays.items():
+            if a is not None:
+                np.save(os.path.join(d, f"{name}.npy"), a)
+        meta = {"format": _LAYER_FORMAT, "version": 1, "activation": self.activation, "top_k": self.top_k,
+                "packed": sorted(k for k, p in packed.items() if p is not None),
+                "arrays": sorted(k for k, a in arrays.items() if a is not None),
+                **{k: v for k, v in self._routing_kwargs().items() if k != "e_score_correction_bias"}}
+        with open(os.path.join(d, "layer.json"), "w") as f:
+            json.dump(meta, f, indent=1)
+
+    @classmethod
+    def load(cls, directory: "str | os.PathLike[str]", mmap: bool = True) -> "MoELayer":
+        """A layer written by :meth:`save`; packed weights are mapped read-only (``mmap=True``)."""
+        d = os.fspath(directory)
+        try:
+            with open(os.path.join(d, "layer.json")) as f:
+                meta = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"directory = {d!r} holds no readable layer.json ({e})") from None
+        if meta.get("format") != _LAYER_FORMAT or meta.get("version") != 1:
+            raise ValueError(f"{d!r}/layer.json is not a moe_cpu layer (format {meta.get('format')!r}, "
+                             f"version {meta.get('version')!r})")
+        packed = {k: api.load_packed(os.path.join(d, f"{k}.moe"), mmap=mmap) for k in meta["packed"]}
+        arrays = {k: np.load(os.path.join(d, f"{k}.npy")) for k in meta["arrays"]}
+        routing = {k: meta[k] for k in ("renormalize", "scoring_func", "use_grouped_topk", "num_expert_group",
+                                        "topk_group", "routed_scaling_factor")}
+        return cls(arrays["gate"], packed["w13"], packed["w2"], top_k=meta["top_k"], activation=meta["activation"],
+                   w13_bias=arrays.get("w13_bias"), w2_bias=arrays.get("w2_bias"),
+                   e_score_correction_bias=arrays.get("e_score_correction_bias"),
+                   shared_w13=packed.get("shared_w13"), shared_w2=packed.get("shared_w2"), **routing)
 
     # ------------------------------------------------------------------ shapes
     @property

@@ -25,21 +25,21 @@ def test_info_names_each_kernel(tmp_path):
         assert k["name"] in out
 
 
-def test_bench_writes_json(tmp_path):
-    path = tmp_path / "b.json"
-    out = run_cli(tmp_path, "bench", "--experts", "8", "--tokens", "1,4", "--schemes", "int8_w8a8,bf16",
-                  "--min-time", "0.05", "--out", str(path))
-    assert "tokens/s" in out
-    data = json.loads(path.read_text())
-    assert data["shape"] == dict(H=2048, I=768, E=8, k=8)
+def test_bench_writes_json_and_plot(tmp_path):
+    out = run_cli(tmp_path, "bench", "--shapes", "qwen3-30b-a3b", "--experts", "8", "--m", "1,4",
+                  "--schemes", "int8_w8a8,bf16", "--no-peers", "--out", str(tmp_path / "b"))
+    assert "paired decode ratio" in out and "vpdpbusd" in out
+    data = json.loads((tmp_path / "b" / "bench_moe.json").read_text())
+    assert (tmp_path / "b" / "bench_moe.png").stat().st_size > 0
+    assert data["limits"]["read_gbs"] > 0
     rows = {(r["scheme"], r["M"]): r for r in data["rows"]}
     assert set(rows) == {(s, m) for s in ("int8_w8a8", "bf16") for m in (1, 4)}
     for r in rows.values():
-        assert r["ms"] > 0 and r["tokens_per_s"] > 0 and r["weight_gbs"] > 0
+        assert r["ms"] > 0 and r["tok_s"] > 0 and r["gbs"] > 0
         assert r["kernel"] == moe_cpu.cpu_features()["kernels"][r["scheme"]]
 
 
-@pytest.mark.parametrize("args", [["bench", "--schemes", "int3"], ["bench", "--tokens", "0"], ["nope"], []])
+@pytest.mark.parametrize("args", [["bench", "--schemes", "int3"], ["bench", "--m", "0"], ["nope"], []])
 def test_bad_arguments_exit_2(args):
     with pytest.raises(SystemExit) as e:
         cli.main(args)
@@ -47,5 +47,6 @@ def test_bad_arguments_exit_2(args):
 
 
 def test_bench_topk_above_experts(tmp_path, capsys):
-    assert cli.main(["bench", "--experts", "4", "--topk", "8", "--out", str(tmp_path / "x.json")]) == 2
-    assert "--topk" in capsys.readouterr().err
+    assert cli.main(["bench", "--shapes", "qwen3-30b-a3b", "--experts", "4", "--no-peers",
+                     "--out", str(tmp_path / "x")]) == 2
+    assert "--experts 4" in capsys.readouterr().err

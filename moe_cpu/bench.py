@@ -1,0 +1,260 @@
+"""End-to-end MoE benchmark on model shapes (DESIGN.md section 7), with this machine's limits
+measured in the same run.
+
+For each shape, scheme and M it prints the time per call, tokens/s, GB/s of weight traffic and
+GOPS, and the ratios to the measured read bandwidth and instruction peak. Decode (M=1) weights are
+cold: each call routes to experts not used in the previous E/k calls, and every layer is larger
+than 4x the L3. The decode ratio is the median of five interleaved (bandwidth, decode) pairs.
+Writes OUT/bench_moe.json and OUT/bench_moe.png (matplotlib, optional).
+
+    moe-cpu bench                       # everything (a few minutes); also python bench/bench_moe.py
+    moe-cpu bench --quick               # Qwen3 shape, M = 1, 16, 256
+    moe-cpu bench --shapes qwen3-30b-a3b --experts 16 --m 1,4 --schemes int8_w8a8 --no-peers
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from . import _core, api as moe_cpu
+
+SHAPES = {  # name: (H, I, E, k, E used here, note)
+    "qwen3-30b-a3b": (2048, 768, 128, 8, 128, ""),
+    "mixtral-8x7b": (4096, 14336, 8, 2, 8, ""),
+    "deepseek-v3": (7168, 2048, 256, 8, 32, "E shrunk 256 -> 32 to fit memory"),
+    "gpt-oss-20b": (2880, 2880, 32, 4, 32, "swigluoai, biases"),
+}
+MS = (1, 4, 16, 64, 256, 1024)
+
+
+def random_packed(rng, scheme, E, N, K):
+    """Packed weights from random codes (values do not matter for speed; no float32 copy)."""
+    shape = (E, N, K)
+    if scheme == "int4_w4a8":
+        g = 128 if K % 128 == 0 else 32
+        return moe_cpu.pack_int4(rng.integers(-8, 8, shape, dtype=np.int8),
+                                 rng.random((E, N, K // g), dtype=np.float32) * 0.01, g)
+    if scheme == "int8_w8a8":
+        return moe_cpu.pack_int8(rng.integers(-127, 128, shape, dtype=np.int8),
+                                 rng.random((E, N), dtype=np.float32) * 0.01)
+    if scheme == "fp8_w8a16":
+        codes = rng.integers(0, 0x7E, shape, dtype=np.uint8) | (rng.integers(0, 2, shape, dtype=np.uint8) << 7)
+        return moe_cpu.pack_fp8(codes, rng.random((E, -(-N // 128), -(-K // 128)), dtype=np.float32) * 0.01)
+    bits = (rng.integers(0, 1 << 16, shape, dtype=np.uint16) & np.uint16(0x83FF)) | np.uint16(0x3C00)
+    return moe_cpu.pack_bf16(bits)
+
+
+def timed(fn, min_time=0.4, max_calls=30):
+    fn()
+    times = []
+    t_end = time.perf_counter() + min_time
+    while len(times) < 3 or (time.perf_counter() < t_end and len(times) < max_calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class Routing:
+    """Token -> expert ids. M=1 walks a permutation so an expert returns only every E/k calls."""
+
+    def __init__(self, rng, E, k):
+        self.rng, self.E, self.k, self.pos = rng, E, k, 0
+        self.perm = rng.permutation(E)
+
+    def next(self, M):
+        if M == 1:
+            if self.pos + self.k > self.E:
+                self.perm, self.pos = self.rng.permutation(self.E), 0
+            ids = self.perm[self.pos:self.pos + self.k][None, :]
+            self.pos += self.k
+        else:
+            ids = np.argsort(self.rng.random((M, self.E)), axis=1)[:, :self.k]
+        return np.ascontiguousarray(ids, dtype=np.int32)
+
+
+def weight_bytes(w13, w2, ids):
+    used = len(np.unique(ids))
+    return used * (w13.nbytes + w2.nbytes) / w13.num_experts
+
+
+def run(args):
+    rng = np.random.default_rng(0)
+    threads = moe_cpu.get_num_threads()
+    buf = _core.ReadBuffer(1 << 30)
+    limits = {"threads": threads, "read_gbs": buf.read_gbs(threads, 3),
+              "vpdpbusd_tops": _core.vpdpbusd_peak_tops(threads), "vdpbf16ps_tflops": _core.vdpbf16ps_peak_tflops(threads)}
+    print(f"machine: {threads} threads, read {limits['read_gbs']:.1f} GB/s, vpdpbusd {limits['vpdpbusd_tops']:.2f} TOPS, "
+          f"vdpbf16ps {limits['vdpbf16ps_tflops']:.2f} TFLOPS")
+    peak_of = {"int4_w4a8": limits["vpdpbusd_tops"], "int8_w8a8": limits["vpdpbusd_tops"],
+               "fp8_w8a16": limits["vdpbf16ps_tflops"], "bf16": limits["vdpbf16ps_tflops"]}
+    rows = []
+    for shape in args.shapes:
+        H, I, E_model, k, E, note = SHAPES[shape]
+        if args.experts:
+            E, note = args.experts, f"E set to {args.experts}"
+        if k > E:
+            raise ValueError(f"--experts {E} is below the {shape} top-k of {k}")
+        act = "swigluoai" if shape.startswith("gpt-oss") else "silu"
+        for scheme in args.schemes:
+            t0 = time.perf_counter()
+            w13, w2 = random_packed(rng, scheme, E, 2 * I, H), random_packed(rng, scheme, E, H, I)
+            pack_s = time.perf_counter() - t0
+            b13 = rng.standard_normal((E, 2 * I), dtype=np.float32) * 0.01 if act == "swigluoai" else None
+            b2 = rng.standard_normal((E, H), dtype=np.float32) * 0.01 if act == "swigluoai" else None
+            route = Routing(rng, E, k)
+            print(f"\n{shape} (H={H} I={I} E={E} k={k}{', ' + note if note else ''}) {scheme}: kernel {w13.kernel}, "
+                  f"{(w13.nbytes + w2.nbytes) / 2**20:.0f} MiB, packed in {pack_s:.1f} s")
+            print(f"{'M':>5} {'ms/call':>9} {'tok/s':>9} {'GB/s':>7} {'%bw':>5} {'GOPS':>8} {'%peak':>6}")
+            for M in args.ms:
+                x = rng.standard_normal((M, H), dtype=np.float32)
+                tw = np.full((M, k), 1.0 / k, np.float32)
+                calls = [route.next(M) for _ in range(64)]
+                state = {"i": 0}
+
+                def call():
+                    ids = calls[state["i"] % len(calls)]
+                    state["i"] += 1
+                    moe_cpu.fused_experts(x, w13, w2, tw, ids, activation=act, w13_bias=b13, w2_bias=b2)
+
+                t = timed(call)
+                gb = float(np.mean([weight_bytes(w13, w2, c) for c in calls]))
+                ops = 2.0 * M * k * (2 * I * H + H * I)
+                r = dict(shape=shape, scheme=scheme, kernel=w13.kernel, M=M, ms=t * 1e3, tok_s=M / t,
+                         gbs=gb / t / 1e9, gops=ops / t / 1e9)
+                r["pct_bw"] = 100 * r["gbs"] / limits["read_gbs"]
+                r["pct_peak"] = 100 * r["gops"] / (peak_of[scheme] * 1e3)
+                if M == 1:  # five interleaved (bandwidth, decode) pairs
+                    ratios = []
+                    for _ in range(5):
+                        bw = buf.read_gbs(threads, 1)
+                        ratios.append((gb / timed(call, 0.2) / 1e9) / bw)
+                    r["decode_ratio_median"] = statistics.median(ratios)
+                    r["decode_ratios"] = ratios
+                rows.append(r)
+                extra = f"  paired decode ratio {100 * r['decode_ratio_median']:.0f}%" if M == 1 else ""
+                print(f"{M:>5} {r['ms']:>9.3f} {r['tok_s']:>9.0f} {r['gbs']:>7.1f} {r['pct_bw']:>5.0f} {r['gops']:>8.0f} "
+                      f"{r['pct_peak']:>6.1f}{extra}")
+            del w13, w2
+    return limits, rows
+
+
+def numpy_peer(x, w13f, w2f, tw, ids):
+    """The NumPy float32 layer: per-expert matmuls on dequantized weights (the peer run in-process)."""
+    I = w2f.shape[2]
+    out = np.zeros((x.shape[0], w2f.shape[1]), np.float32)
+    for e in np.unique(ids):
+        rows, cols = np.nonzero(ids == e)
+        y = x[rows] @ w13f[e].T
+        with np.errstate(over="ignore"):  # random weights: exp(-g) may overflow to inf, silu -> 0
+            h = y[:, :I] / (1 + np.exp(-y[:, :I])) * y[:, I:]
+        np.add.at(out, rows, (h @ w2f[e].T) * tw[rows, cols][:, None])
+    return out
+
+
+def peers(args, rng):
+    """Qwen3 shape: the dispatched kernel against the Eigen reference path and NumPy float32."""
+    H, I, _, k, E, _ = SHAPES["qwen3-30b-a3b"]
+    rows = []
+    print("\npeers (qwen3-30b-a3b shape): ms per call")
+    print(f"{'scheme':<10} {'M':>5} {'simd':>9} {'reference':>10} {'numpy f32':>10} {'x ref':>7} {'x numpy':>8}")
+    for scheme in args.schemes:
+        w13, w2 = random_packed(rng, scheme, E, 2 * I, H), random_packed(rng, scheme, E, H, I)
+        moe_cpu.force_isa("reference")
+        r13, r2 = random_packed(np.random.default_rng(1), scheme, E, 2 * I, H), random_packed(np.random.default_rng(1), scheme, E, H, I)
+        moe_cpu.force_isa(os.environ.get("MOE_CPU_ISA") or "native")
+        f13, f2 = w13.unpack(), w2.unpack()
+        for M in (1, 64):
+            x = rng.standard_normal((M, H), dtype=np.float32)
+            tw = np.full((M, k), 1.0 / k, np.float32)
+            ids = np.ascontiguousarray(np.argsort(rng.random((M, E)), axis=1)[:, :k], dtype=np.int32)
+            t_simd = timed(lambda: moe_cpu.fused_experts(x, w13, w2, tw, ids), 0.3)
+            t_ref = timed(lambda: moe_cpu.fused_experts(x, r13, r2, tw, ids), 0.3, 3)
+            t_np = timed(lambda: numpy_peer(x, f13, f2, tw, ids), 0.3, 5)
+            rows.append(dict(scheme=scheme, M=M, simd_ms=t_simd * 1e3, reference_ms=t_ref * 1e3, numpy_ms=t_np * 1e3,
+                             kernel=w13.kernel, reference_kernel=r13.kernel))
+            print(f"{scheme:<10} {M:>5} {t_simd * 1e3:>9.2f} {t_ref * 1e3:>10.2f} {t_np * 1e3:>10.2f} "
+                  f"{t_ref / t_simd:>7.1f} {t_np / t_simd:>8.1f}")
+        del w13, w2, r13, r2, f13, f2
+    return rows
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for (shape, scheme) in sorted({(r["shape"], r["scheme"]) for r in rows}):
+        rs = [r for r in rows if r["shape"] == shape and r["scheme"] == scheme]
+        ms = [r["M"] for r in rs]
+        axes[0].plot(ms, [r["gbs"] for r in rs], marker="o", label=f"{shape} {scheme}")
+        axes[1].plot(ms, [r["gops"] for r in rs], marker="o", label=f"{shape} {scheme}")
+    for ax, t in zip(axes, ("weight GB/s", "GOPS")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens M")
+        ax.set_ylabel(t)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _csv(choices, name):
+    def parse(s):
+        items = [x for x in s.split(",") if x]
+        bad = [x for x in items if x not in choices]
+        if not items or bad:
+            raise argparse.ArgumentTypeError(f"{name}: unknown {bad or s!r}; choose from {', '.join(choices)}")
+        return items
+    return parse
+
+
+def _m_list(s):
+    try:
+        ms = [int(x) for x in s.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--m: expected token counts like 1,16,256, got {s!r}") from None
+    if not ms or min(ms) < 1:
+        raise argparse.ArgumentTypeError(f"--m: token counts must be >= 1, got {s!r}")
+    return ms
+
+
+def main(argv=None) -> int:
+    """Run the benchmark (``moe-cpu bench``); returns the exit status."""
+    p = argparse.ArgumentParser(prog="moe-cpu bench", description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", type=_csv(list(SHAPES), "--shapes"), default=list(SHAPES))
+    p.add_argument("--schemes", type=_csv(list(moe_cpu.SCHEMES), "--schemes"), default=list(moe_cpu.SCHEMES))
+    p.add_argument("--m", type=_m_list, default=list(MS), help="token counts, e.g. 1,16,256")
+    p.add_argument("--experts", type=int, default=0, help="use this many experts for every shape (0: the table's)")
+    p.add_argument("--quick", action="store_true", help="Qwen3 shape, M = 1, 16, 256")
+    p.add_argument("--no-peers", action="store_true", help="skip the reference / NumPy comparison")
+    p.add_argument("--out", default="bench_out", help="output directory (default ./bench_out)")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.shapes, a.m = ["qwen3-30b-a3b"], [1, 16, 256]
+    a.ms = tuple(a.m)
+    try:
+        limits, rows = run(a)
+        peer_rows = [] if a.no_peers else peers(a, np.random.default_rng(2))
+    except ValueError as e:
+        print(f"moe-cpu bench: error: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "bench_moe.json"), "w") as f:
+        json.dump({"limits": limits, "features": moe_cpu.cpu_features(), "rows": rows, "peers": peer_rows}, f, indent=1)
+    try:
+        plot(rows, os.path.join(a.out, "bench_moe.png"))
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install 'moe_cpu[bench]')")
+    print(f"wrote {os.path.join(a.out, 'bench_moe.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -98,7 +98,7 @@ class MoELayer:
                  renormalize: bool = False, scoring_func: str = "softmax", use_grouped_topk: bool = False,
                  num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
                  e_score_correction_bias: Optional[np.ndarray] = None, routed_scaling_factor: float = 1.0,
-                 activation: str = "silu") -> None:
+                 activation: str = "silu", gate_bias: Optional[np.ndarray] = None) -> None:
         self.w13, self.w2 = _packed(w13, "w13"), _packed(w2, "w2")
         if w13.scheme != w2.scheme:
             raise ValueError(f"w13 is packed as {w13.scheme} but w2 as {w2.scheme}; both must use the same scheme")
@@ -112,6 +112,7 @@ class MoELayer:
         if not isinstance(gate, np.ndarray):
             raise TypeError(f"gate must be a numpy float32 array [E, H], got {type(gate).__name__}")
         self.gate = _f32(gate, "gate", (E, H))
+        self.gate_bias = _f32(gate_bias, "gate_bias", (E,))   # router bias (gpt-oss), added to the logits
         self.w13_bias = _f32(w13_bias, "w13_bias", (E, 2 * I))
         self.w2_bias = _f32(w2_bias, "w2_bias", (E, H))
 
@@ -177,7 +178,8 @@ class MoELayer:
                    scoring_func: str = "softmax", use_grouped_topk: bool = False,
                    num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
                    e_score_correction_bias: Optional[np.ndarray] = None,
-                   routed_scaling_factor: float = 1.0, activation: str = "silu") -> "MoELayer":
+                   routed_scaling_factor: float = 1.0, activation: str = "silu",
+                   gate_bias: Optional[np.ndarray] = None) -> "MoELayer":
         """Quantize float32 weights with ``moe_cpu.quantize_experts`` and build the layer.
 
         Args:
@@ -209,7 +211,7 @@ class MoELayer:
                    scoring_func=scoring_func, use_grouped_topk=use_grouped_topk,
                    num_expert_group=num_expert_group, topk_group=topk_group,
                    e_score_correction_bias=e_score_correction_bias,
-                   routed_scaling_factor=routed_scaling_factor, activation=activation)
+                   routed_scaling_factor=routed_scaling_factor, activation=activation, gate_bias=gate_bias)
 
     # ------------------------------------------------------------------ checkpoints and packed files
     @classmethod
@@ -227,7 +229,7 @@ class MoELayer:
         d = os.fspath(directory)
         os.makedirs(d, exist_ok=True)
         packed = {"w13": self.w13, "w2": self.w2, "shared_w13": self.shared_w13, "shared_w2": self.shared_w2}
-        arrays = {"gate": self.gate, "w13_bias": self.w13_bias, "w2_bias": self.w2_bias,
+        arrays = {"gate": self.gate, "gate_bias": self.gate_bias, "w13_bias": self.w13_bias, "w2_bias": self.w2_bias,
                   "e_score_correction_bias": self.e_score_correction_bias}
         for name, p in packed.items():
             if p is not None:
@@ -259,7 +261,7 @@ class MoELayer:
         routing = {k: meta[k] for k in ("renormalize", "scoring_func", "use_grouped_topk", "num_expert_group",
                                         "topk_group", "routed_scaling_factor")}
         return cls(arrays["gate"], packed["w13"], packed["w2"], top_k=meta["top_k"], activation=meta["activation"],
-                   w13_bias=arrays.get("w13_bias"), w2_bias=arrays.get("w2_bias"),
+                   gate_bias=arrays.get("gate_bias"), w13_bias=arrays.get("w13_bias"), w2_bias=arrays.get("w2_bias"),
                    e_score_correction_bias=arrays.get("e_score_correction_bias"),
                    shared_w13=packed.get("shared_w13"), shared_w2=packed.get("shared_w2"), **routing)
 
@@ -310,8 +312,11 @@ class MoELayer:
         return x
 
     def router_logits(self, x: np.ndarray) -> np.ndarray:
-        """float32 ``[M, E]`` = x @ gate.T. bf16 inputs are widened to float32 values for this matmul."""
-        return np.ascontiguousarray(_widen(self._check_x(x)) @ self.gate.T, dtype=np.float32)
+        """float32 ``[M, E]`` = x @ gate.T (+ gate_bias). bf16 inputs are widened to float32 values here."""
+        logits = _widen(self._check_x(x)) @ self.gate.T
+        if self.gate_bias is not None:
+            logits += self.gate_bias
+        return np.ascontiguousarray(logits, dtype=np.float32)
 
     def _routing_kwargs(self) -> dict:
         return dict(renormalize=self.renormalize, scoring_func=self.scoring_func,

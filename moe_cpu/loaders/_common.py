@@ -60,15 +60,16 @@ class LayerWeights:
     def to_moe_layer(self):
         """A ``moe_cpu.MoELayer`` with these weights and routing.
 
-        Raises ValueError when the layer needs something MoELayer cannot express (a router bias or a
-        gated shared expert): use the fields directly then.
+        Raises ValueError when the layer needs something MoELayer cannot express (Qwen2-MoE's gated
+        shared expert): use the fields directly then. A router bias (gpt-oss) becomes ``gate_bias``.
         """
         from ..layer import MoELayer
-        if self.gate_bias is not None or self.shared_expert_gate is not None:
-            raise ValueError("this layer has a router bias or a shared-expert gate, which MoELayer does not "
+        if self.shared_expert_gate is not None:
+            raise ValueError("this layer has a sigmoid shared-expert gate (Qwen2-MoE), which MoELayer does not "
                              "support; call moe_cpu.select_experts / fused_experts with the fields directly")
         c = self.config
-        return MoELayer(self.gate, self.w13, self.w2, top_k=c.top_k, w13_bias=self.w13_bias, w2_bias=self.w2_bias,
+        return MoELayer(self.gate, self.w13, self.w2, top_k=c.top_k, gate_bias=self.gate_bias,
+                        w13_bias=self.w13_bias, w2_bias=self.w2_bias,
                         shared_w13=self.shared_w13, shared_w2=self.shared_w2,
                         e_score_correction_bias=self.e_score_correction_bias, activation=c.activation,
                         **c.routing_kwargs())

@@ -83,3 +83,19 @@ def test_cli_reports_bad_checkpoints_without_a_traceback(tmp_path):
     assert "moe-cpu run: error:" in bad.stderr and "Traceback" not in bad.stderr
     usage = _cli("convert", "--checkpoint", tmp_path, "--out", tmp_path / "o", "--layers", "x", cwd=tmp_path)
     assert usage.returncode == 2 and "layer numbers" in usage.stderr
+
+
+def test_router_bias_is_added_to_the_logits_and_saved(tmp_path, rng):
+    E2, H2, I2 = 6, 64, 32
+    gate = rng.standard_normal((E2, H2)).astype(np.float32)
+    bias = (rng.standard_normal(E2) * 3).astype(np.float32)
+    w13, w2 = float_weights(rng, E2, 2 * I2, H2), float_weights(rng, E2, H2, I2)
+    layer = moe_cpu.MoELayer.from_float(gate, w13, w2, top_k=2, scheme="bf16", gate_bias=bias, renormalize=True)
+    x = make_input(rng, 7, H2)
+    np.testing.assert_allclose(layer.router_logits(x), x @ gate.T + bias, rtol=1e-5, atol=1e-5)
+    layer.save(tmp_path / "biased")
+    again = moe_cpu.MoELayer.load(tmp_path / "biased")
+    np.testing.assert_array_equal(again.gate_bias, bias)
+    np.testing.assert_array_equal(again(x), layer(x))
+    with pytest.raises(ValueError, match="gate_bias"):
+        moe_cpu.MoELayer.from_float(gate, w13, w2, top_k=2, scheme="bf16", gate_bias=bias[:3])

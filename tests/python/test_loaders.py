@@ -334,8 +334,16 @@ def test_gpt_oss_bf16_fused_interleaved(tmp_path, rng, monkeypatch, raw):
     assert_codes(lw.w2, weight=t("experts.down_proj").view(np.uint16).transpose(0, 2, 1))
     np.testing.assert_array_equal(lw.w13_bias, t("experts.gate_up_proj_bias").astype(np.float32))
     np.testing.assert_array_equal(lw.gate_bias, t("router.bias").astype(np.float32))
-    check_moe(rng, lw, ref.RefWeights.bf16(np.ascontiguousarray(bits13)),
-              ref.RefWeights.bf16(np.ascontiguousarray(t("experts.down_proj").view(np.uint16).transpose(0, 2, 1))))
+    w13r = ref.RefWeights.bf16(np.ascontiguousarray(bits13))
+    w2r = ref.RefWeights.bf16(np.ascontiguousarray(t("experts.down_proj").view(np.uint16).transpose(0, 2, 1)))
+    check_moe(rng, lw, w13r, w2r)
+    # The whole layer, router bias included: logits = x @ gate.T + bias, then the experts.
+    layer = lw.to_moe_layer()
+    x = make_input(rng, 10, H)
+    logits = (x.astype(np.float64) @ lw.gate.T.astype(np.float64) + lw.gate_bias).astype(np.float32)
+    tw, ids = ref.select_experts_ref(logits, 2, renormalize=True)
+    want = ref.fused_experts_ref(x, w13r, w2r, tw, ids, activation="swigluoai", w13_bias=lw.w13_bias, w2_bias=lw.w2_bias)
+    assert_close(layer(x), want, "bf16", "gpt-oss layer with router bias")
 
 
 # ----------------------------------------------------------------------------------- GGUF

@@ -4,7 +4,8 @@ For every kernel object file of a CMake build it finds the main register tile's 
 innermost loop (a backward branch) that holds the dot-product instructions, and counts what is in
 it. Used by docs/performance.md to explain speed figures.
 
-    python bench/inner_loop_mix.py build/ctest        # a CMake build directory
+    python bench/inner_loop_mix.py build/ctest        # a CMake build directory (x86-64)
+    python bench/inner_loop_mix.py build/arm          # the AArch64 cross build (aarch64-linux-gnu-objdump)
 """
 from __future__ import annotations
 
@@ -14,16 +15,22 @@ import re
 import subprocess
 import sys
 
-DOT = ("vpdpbusd", "vdpbf16ps", "vpmaddubsw", "vfmadd231ps", "vfmadd213ps", "vfmadd132ps")
+DOT = ("vpdpbusd", "vdpbf16ps", "vpmaddubsw", "vfmadd231ps", "vfmadd213ps", "vfmadd132ps", "sdot", "fmla", "bfdot")
 TILES = {  # kernel file -> the tile template that does the work at M >= 64
     "w4a8_avx512vnni": "Micro<3, 4>", "w8a8_avx512vnni": "Micro<3, 4>",
     "bf16_avx512bf16": "Micro<4, 4>", "fp8w_avx512bf16": "Micro<8, 1>",
     "w4a8_avx2": "Micro<4, 1>", "w8a8_avx2": "Micro<4, 1>", "bf16_avx2": "Micro<4, 1>", "fp8w_avx2": "Micro<4, 1>",
+    "w4a8_neon_dotprod": "Micro<4, 1>", "w8a8_neon_dotprod": "Micro<4, 1>", "bf16_neon": "Micro<4, 1>",
+    "fp8w_neon": "Micro<2, 1>",
 }
 
 
-def loop_mix(obj: pathlib.Path, tile: str):
-    asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-C", str(obj)], capture_output=True, text=True).stdout
+def _is_branch(op: str) -> bool:
+    return op.startswith("j") or op.startswith("b.") or op in ("b", "cbnz", "cbz", "tbnz", "tbz")
+
+
+def loop_mix(obj: pathlib.Path, tile: str, objdump: str = "objdump"):
+    asm = subprocess.run([objdump, "-d", "--no-show-raw-insn", "-C", str(obj)], capture_output=True, text=True).stdout
     funcs = re.split(r"\n(?=[0-9a-f]+ <)", asm)
     body = next((f for f in funcs if f"::{tile}::run" in f.splitlines()[0]), None)
     if body is None:
@@ -33,14 +40,15 @@ def loop_mix(obj: pathlib.Path, tile: str):
         m = re.match(r"\s*([0-9a-f]+):\s+(\S+)\s*(.*)", line)
         if m:
             ins.append((int(m.group(1), 16), m.group(2), m.group(3)))
-    best = None
-    for i, (addr, op, args) in enumerate(ins):  # backward jumps close loops
-        t = re.match(r"([0-9a-f]+)", args)
-        if op.startswith("j") and t and int(t.group(1), 16) < addr:
-            start = next(j for j, x in enumerate(ins) if x[0] >= int(t.group(1), 16))
-            loop = ins[start:i + 1]
-            if any(x[1] in DOT for x in loop) and (best is None or len(loop) < len(best)):
-                best = loop
+    loops = []   # (start index, end index) of every backward branch
+    for i, (addr, op, args) in enumerate(ins):
+        t = re.search(r"\b([0-9a-f]+) <", args)
+        if _is_branch(op) and t and int(t.group(1), 16) < addr:
+            loops.append((next(j for j, x in enumerate(ins) if x[0] >= int(t.group(1), 16)), i))
+    inner = [(s0, e0) for s0, e0 in loops if not any(s0 <= s1 and e1 < e0 for s1, e1 in loops if (s1, e1) != (s0, e0))]
+    best = max((ins[s0:e0 + 1] for s0, e0 in inner), key=lambda lp: sum(x[1] in DOT for x in lp), default=None)
+    if best is not None and not any(x[1] in DOT for x in best):
+        best = None
     return collections.Counter(x[1] for x in best) if best else None
 
 
@@ -50,7 +58,8 @@ def main() -> None:
         objs = list(build.rglob(f"{name}.cpp.o"))
         if not objs:
             continue
-        mix = loop_mix(objs[0], tile)
+        objdump = "aarch64-linux-gnu-objdump" if "neon" in name else "objdump"
+        mix = loop_mix(objs[0], tile, objdump)
         if mix is None:
             print(f"{name:<18} {tile}: loop not found")
             continue

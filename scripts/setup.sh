@@ -3,9 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-if ! dpkg -s libeigen3-dev libgtest-dev >/dev/null 2>&1; then
+# Eigen + GoogleTest; the AArch64 cross compiler and qemu-user prove the Arm kernels (scripts/test.sh).
+PKGS="libeigen3-dev libgtest-dev googletest g++ g++-aarch64-linux-gnu qemu-user"
+if ! dpkg -s $PKGS >/dev/null 2>&1; then
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq libeigen3-dev libgtest-dev g++ >/dev/null
+  $SUDO apt-get install -y -qq $PKGS >/dev/null
 fi
 python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 python3 -m pip install -q cmake ninja scikit-build-core pybind11 numpy

@@ -11,6 +11,14 @@ echo "== C++ tests (ASan + UBSan)"
 cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOE_CPU_SANITIZE=ON -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null
 cmake --build build/asan -j "$JOBS"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build/asan --output-on-failure -j "$JOBS" | tail -n 3
+echo "== C++ tests, AArch64 cross build under qemu-aarch64 -cpu max, once per forced ISA level"
+cmake -S . -B build/arm -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
+  -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null
+cmake --build build/arm -j "$JOBS"
+for level in neon neon_dotprod neon_i8mm neon_bf16; do
+  echo "-- MOE_CPU_ISA=$level"
+  MOE_CPU_ISA=$level qemu-aarch64 -cpu max -L /usr/aarch64-linux-gnu build/arm/moe_cpu_tests --gtest_brief=1 | tail -n 3
+done
 # pytest runs once per ISA level this CPU has (MOE_CPU_ISA forces dispatch; test_dispatch checks the
 # path taken). It runs from tests/ so that the source tree (no built _core) does not shadow the install.
 LEVELS=$(cd tests && python3 -c "

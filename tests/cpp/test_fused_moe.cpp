@@ -294,3 +294,43 @@ TEST(FusedExperts, RejectsOutOfRangeIdsAndMismatchedSchemes) {
 
 }  // namespace
 }  // namespace moe_cpu
+
+namespace moe_cpu {
+namespace {
+
+// End to end at a shrunk Qwen3-like shape (H=256, I=96, E=8, k=2): the kernels dispatch picks for
+// the running ISA level (MOE_CPU_ISA) against the reference kernels, for every scheme.
+TEST(FusedExperts, DispatchedPathMatchesReferenceForEveryScheme) {
+  auto g = test::rng_for_test();
+  const int64_t E = 8, H = 256, I = 96, M = 19, k = 2;
+  Layer L = make_layer(g, E, H, I);
+  auto x = test::gaussian(g, M * H);
+  std::vector<int32_t> ids(size_t(M * k));
+  for (int64_t m = 0; m < M; ++m) ids[m * k] = int32_t(m % E), ids[m * k + 1] = int32_t((m * 3 + 1) % E);
+  auto tw = test::gaussian(g, M * k);
+  const std::string level = forced_isa();
+  for (Scheme s : {Scheme::kInt4W4A8, Scheme::kInt8W8A8, Scheme::kFp8W8A16, Scheme::kBf16}) {
+    const int64_t group = s == Scheme::kInt4W4A8 ? 32 : -1;
+    auto run = [&](std::vector<float>& out, std::string* kernel) {
+      PackedExperts w13 = quantize_experts(L.w13.data(), E, 2 * I, H, s, group, 32, 64);
+      PackedExperts w2 = quantize_experts(L.w2.data(), E, H, I, s, group, 32, 64);
+      *kernel = w13.kernel->name;
+      FusedMoeArgs a;
+      a.x = x.data(), a.M = M, a.H = H, a.w13 = &w13, a.w2 = &w2, a.topk_weights = tw.data();
+      a.topk_ids = ids.data(), a.k = k, a.out = out.data();
+      fused_experts(a);
+    };
+    std::vector<float> got(size_t(M * H)), want(size_t(M * H));
+    std::string kernel, ref_kernel;
+    run(got, &kernel);
+    force_isa("reference");
+    run(want, &ref_kernel);
+    force_isa(level);
+    ASSERT_NE(ref_kernel.find("reference"), std::string::npos);
+    std::vector<double> wd(want.begin(), want.end());
+    EXPECT_LT(test::rel_max_err(got, wd), is_int_scheme(s) ? 2e-2 : 5e-3) << kernel << " vs " << ref_kernel;
+  }
+}
+
+}  // namespace
+}  // namespace moe_cpu

@@ -1,0 +1,14 @@
+// w4a8_neon_dotprod.cpp — INT4 weights x per-row INT8 activations, AArch64 SDOT.
+// Tile: 4 rows x 16 columns (16 int32x4 accumulators), K step 8 (two SDOT per 16-byte panel quarter).
+// Packed weights: common/layout.h int4 panels; zero points removed via the group activation sums.
+// Needs: AdvSIMD + dotprod. Limits: any M, any N, K % group == 0.
+#include "kernels/int_neon_dotprod.h"
+#include "moe_cpu/cpu_features.h"
+
+namespace moe_cpu {
+
+extern const KernelDesc kernel_w4a8_neon_dotprod{
+    "w4a8_neon_dotprod_4x16", Scheme::kInt4W4A8, "neon_dotprod", 4, 16, kFeatNeon | kFeatNeonDotprod, nullptr,
+    kernels::drive<kernels::IntNeonDot<true>::Micro, 4, 1, 2>};
+
+}  // namespace moe_cpu

@@ -24,6 +24,77 @@ inline float32x4_t e4m3_lanes_to_f32(uint32x4_t c) {
   return vreinterpretq_f32_u32(vbslq_u32(vcltq_u32(mag, vdupq_n_u32(8)), sub_signed, normal));
 }
 
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+// 8 e4m3fn codes (widened to u16) -> bf16 bits, exact: normal codes get exponent + 120 and the
+// mantissa moved up; subnormal codes (exponent field 0) come from byte tables of m * 2^-9.
+inline uint16x8_t e4m3_to_bf16_bits(uint16x8_t c) {
+  const uint16x8_t mag = vandq_u16(c, vdupq_n_u16(0x7f));
+  const uint16x8_t normal = vaddq_u16(vshlq_n_u16(mag, 4), vdupq_n_u16(0x3c00));
+  static const uint8_t kLo[16] = {0, 0, 0x80, 0xc0, 0, 0x20, 0x40, 0x60};
+  static const uint8_t kHi[16] = {0, 0x3b, 0x3b, 0x3b, 0x3c, 0x3c, 0x3c, 0x3c};
+  const uint8x16_t idx = vreinterpretq_u8_u16(vorrq_u16(vandq_u16(mag, vdupq_n_u16(7)), vdupq_n_u16(0xff00)));
+  const uint16x8_t lo = vreinterpretq_u16_u8(vqtbl1q_u8(vld1q_u8(kLo), idx));
+  const uint16x8_t hi = vreinterpretq_u16_u8(vqtbl1q_u8(vld1q_u8(kHi), idx));
+  const uint16x8_t sub = vorrq_u16(lo, vshlq_n_u16(hi, 8));
+  const uint16x8_t bf = vbslq_u16(vcltq_u16(mag, vdupq_n_u16(8)), sub, normal);
+  return vorrq_u16(bf, vshlq_n_u16(vandq_u16(c, vdupq_n_u16(0x80)), 8));
+}
+
+// BFDOT variant (neon_bf16): each 32-bit lane holds one column's (k, k+1) bf16 pair, so one
+// vbfdotq_f32 against the activation pair duplicated to every lane adds both products.
+template <bool kFp8>
+struct FloatNeonBf16 {
+  template <int MR, int NJ>
+  struct Micro {
+    static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
+                    int64_t ldc) {
+      constexpr int V = 4 * NJ;
+      const int64_t G = kFp8 ? w.num_groups() : 1, gl = w.group_len(), Kp = a.Kp;
+      const uint8_t* panel[NJ];
+      for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
+      const uint16_t* arow[MR];
+      for (int r = 0; r < MR; ++r) arow[r] = a.bf16 + a.row_idx[r0 + r] * Kp;
+      float32x4_t accf[MR][V];
+      for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < V; ++v) accf[r][v] = vdupq_n_f32(0.f);
+      for (int64_t gi = 0; gi < G; ++gi) {
+        const int64_t s0 = gi * gl / 2, s1 = gi == G - 1 ? Kp / 2 : (gi + 1) * gl / 2;
+        float32x4_t acc[MR][V];
+        for (int r = 0; r < MR; ++r)
+          for (int v = 0; v < V; ++v) acc[r][v] = vdupq_n_f32(0.f);
+        for (int64_t t = s0; t < s1; ++t) {
+          bfloat16x8_t av[MR];
+          for (int r = 0; r < MR; ++r) {
+            uint32_t pair;
+            std::memcpy(&pair, arow[r] + 2 * t, 4);
+            av[r] = vreinterpretq_bf16_u32(vdupq_n_u32(pair));
+          }
+          for (int v = 0; v < V; ++v) {
+            uint16x8_t bits;
+            if constexpr (kFp8) bits = e4m3_to_bf16_bits(vmovl_u8(vld1_u8(panel[v / 4] + t * 32 + (v % 4) * 8)));
+            else bits = vld1q_u16(reinterpret_cast<const uint16_t*>(panel[v / 4] + t * 64 + (v % 4) * 16));
+            const bfloat16x8_t wv = vreinterpretq_bf16_u16(bits);
+            for (int r = 0; r < MR; ++r) acc[r][v] = vbfdotq_f32(acc[r][v], wv, av[r]);
+          }
+        }
+        for (int v = 0; v < V; ++v) {
+          const float32x4_t sv = kFp8 ? vld1q_f32(w.scales.as<float>() + w.scale_index(e, 16 * (b + v / 4), gi) + (v % 4) * 4)
+                                      : vdupq_n_f32(1.f);
+          for (int r = 0; r < MR; ++r) accf[r][v] = vfmaq_f32(accf[r][v], acc[r][v], sv);
+        }
+      }
+      for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < V; ++v) {
+          const int n0 = (v % 4) * 4, valid = valid_cols(w, b + v / 4) - n0;
+          float tmp[4];
+          vst1q_f32(tmp, accf[r][v]);
+          if (valid > 0) std::memcpy(c + (r0 + r) * ldc + (v / 4) * 16 + n0, tmp, size_t(valid < 4 ? valid : 4) * 4);
+        }
+    }
+  };
+};
+#endif
+
 template <bool kFp8>
 struct FloatNeon {
   template <int MR, int NJ>

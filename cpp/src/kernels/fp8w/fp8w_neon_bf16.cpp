@@ -1,0 +1,17 @@
+// fp8w_neon_bf16.cpp — FP8 e4m3fn weights (block scales) x BF16 activations, AArch64 BFDOT: 8 codes are
+// widened and decoded to bf16 in registers (exact), one BFDOT per row, K-block sums times the block scale.
+// Tile: 4 rows x 16 columns. Packed weights: common/layout.h fp8 panels.
+// Needs: AdvSIMD + BF16. Limits: any M, N; block_k even (or one K-block).
+#include "kernels/float_neon.h"
+#include "moe_cpu/cpu_features.h"
+
+namespace moe_cpu {
+namespace {
+bool even_blocks(const PackedExperts& w) { return w.group_len() % 2 == 0 || w.num_groups() == 1; }
+}  // namespace
+
+extern const KernelDesc kernel_fp8w_neon_bf16{
+    "fp8w_neon_bf16_4x16", Scheme::kFp8W8A16, "neon_bf16", 4, 16, kFeatNeon | kFeatNeonBf16, even_blocks,
+    kernels::drive<kernels::FloatNeonBf16<true>::Micro, 4, 1, 2>};
+
+}  // namespace moe_cpu

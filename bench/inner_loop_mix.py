@@ -23,6 +23,7 @@ TILES = {  # kernel file -> the tile template that does the work at M >= 64
     "w4a8_avx2": "Micro<4, 1>", "w8a8_avx2": "Micro<4, 1>", "bf16_avx2": "Micro<4, 1>", "fp8w_avx2": "Micro<4, 1>",
     "w4a8_neon_dotprod": "Micro<4, 1>", "w8a8_neon_dotprod": "Micro<4, 1>", "bf16_neon": "Micro<4, 1>",
     "fp8w_neon": "Micro<2, 1>", "bf16_neon_bf16": "Micro<4, 1>", "fp8w_neon_bf16": "Micro<4, 1>",
+    "w4a8_neon_i8mm": "Micro<4, 1>", "w8a8_neon_i8mm": "Micro<4, 1>",
 }
 
 

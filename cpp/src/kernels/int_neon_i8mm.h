@@ -1,0 +1,104 @@
+// int_neon_i8mm.h — the shared microkernel of w4a8_neon_i8mm and w8a8_neon_i8mm (SMMLA).
+// SMMLA multiplies a 2x8 int8 block of activations (two rows, 8 k) by an 8x2 block of weights (two
+// columns) into a 2x2 int32 tile. Two 4-k quarters of the panel (int8: rows t and t+1; int4: the
+// low and high nibbles of row t) zipped by 32-bit lanes give the columns' 8-k operands.
+//   int4: u in [0,15]; zero point removed per group with the activation sums (as the x86 kernels).
+//   int8: stored w + 128 with the top bit flipped back to w; no correction.
+// Accumulators hold [r0c0, r0c1, r1c0, r1c1] per (row pair, column pair). An odd last row is paired
+// with a copy of itself and its results dropped.
+// Needs: AdvSIMD + i8mm (compile the users with -march=armv8.2-a+i8mm).
+#pragma once
+#include <arm_neon.h>
+
+#include <cstring>
+
+#include "common/layout.h"
+#include "kernels/tile_driver.h"
+
+namespace moe_cpu::kernels {
+
+template <bool kInt4>
+struct IntNeonMmla {
+  template <int MR, int NJ>
+  struct Micro {
+    static constexpr int RP = (MR + 1) / 2, CP = 8 * NJ;  // row pairs, column pairs
+    // 8 activation bytes of row r at k (zero past the row's padded length).
+    static int8x8_t act8(const int8_t* row, int64_t k, int64_t Kp) {
+      if (k + 8 <= Kp) return vld1_s8(row + k);
+      int8_t tmp[8] = {};
+      std::memcpy(tmp, row + k, size_t(Kp - k));
+      return vld1_s8(tmp);
+    }
+    static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
+                    int64_t ldc) {
+      const int64_t G = w.num_groups(), gl = w.group_len(), Kp = a.Kp;
+      const uint8_t* panel[NJ];
+      for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
+      const int8_t* arow[2 * RP];
+      int64_t rid[2 * RP];
+      for (int r = 0; r < 2 * RP; ++r) rid[r] = a.row_idx[r0 + (r < MR ? r : MR - 1)], arow[r] = a.q + rid[r] * Kp;
+      float32x4_t accf[RP][CP];
+      for (int p = 0; p < RP; ++p)
+        for (int q = 0; q < CP; ++q) accf[p][q] = vdupq_n_f32(0.f);
+      for (int64_t gi = 0; gi < G; ++gi) {
+        // 8-k chunks of this group: k in [k0, k1)
+        const int64_t k0 = gi * gl, k1 = gi == G - 1 ? Kp : (gi + 1) * gl;
+        int32x4_t acc[RP][CP];
+        for (int p = 0; p < RP; ++p)
+          for (int q = 0; q < CP; ++q) acc[p][q] = vdupq_n_s32(0);
+        for (int64_t k = k0; k < k1; k += 8) {
+          int8x16_t av[RP];
+          for (int p = 0; p < RP; ++p) av[p] = vcombine_s8(act8(arow[2 * p], k, Kp), act8(arow[2 * p + 1], k, Kp));
+          for (int v = 0; v < 4 * NJ; ++v) {  // 16-byte panel quarter: 4 columns
+            int8x16_t lo, hi;   // the columns' k..k+3 and k+4..k+7 bytes
+            if constexpr (kInt4) {
+              const uint8x16_t raw = vld1q_u8(panel[v / 4] + (k / 8) * 64 + (v % 4) * 16);
+              lo = vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0f)));
+              hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
+            } else {
+              const uint8_t* p0 = panel[v / 4] + (k / 4) * 64 + (v % 4) * 16;
+              lo = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p0), vdupq_n_u8(0x80)));
+              hi = k + 4 < Kp ? vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p0 + 64), vdupq_n_u8(0x80))) : vdupq_n_s8(0);
+            }
+            const int8x16_t b01 = vreinterpretq_s8_s32(vzip1q_s32(vreinterpretq_s32_s8(lo), vreinterpretq_s32_s8(hi)));
+            const int8x16_t b23 = vreinterpretq_s8_s32(vzip2q_s32(vreinterpretq_s32_s8(lo), vreinterpretq_s32_s8(hi)));
+            for (int p = 0; p < RP; ++p) {
+              acc[p][2 * v] = vmmlaq_s32(acc[p][2 * v], av[p], b01);
+              acc[p][2 * v + 1] = vmmlaq_s32(acc[p][2 * v + 1], av[p], b23);
+            }
+          }
+        }
+        for (int q = 0; q < CP; ++q) {  // column pair q: columns 2q, 2q+1 of the NJ blocks
+          const int64_t n = 16 * b + 2 * q;
+          const int64_t si0 = w.scale_index(e, n, gi), si1 = w.scale_index(e, n + 1, gi);
+          const float* sc = w.scales.as<float>();
+          const float s2[4] = {sc[si0], sc[si1], sc[si0], sc[si1]};
+          const float32x4_t sv = vld1q_f32(s2);
+          int32_t z0 = kInt4 ? 8 : 0, z1 = z0;
+          if (kInt4 && w.has_zeros) z0 = w.zeros.data()[si0], z1 = w.zeros.data()[si1];
+          for (int p = 0; p < RP; ++p) {
+            const int32_t s0 = a.asum[rid[2 * p] * G + gi], s1 = a.asum[rid[2 * p + 1] * G + gi];
+            const int32_t corr[4] = {z0 * s0, z1 * s0, z0 * s1, z1 * s1};
+            const float32x4_t exact = vcvtq_f32_s32(vsubq_s32(acc[p][q], vld1q_s32(corr)));
+            accf[p][q] = vfmaq_f32(accf[p][q], exact, sv);
+          }
+        }
+      }
+      for (int p = 0; p < RP; ++p)
+        for (int q = 0; q < CP; ++q) {
+          float t[4];
+          vst1q_f32(t, accf[p][q]);
+          const int64_t col = 2 * q, blk = col / 16, valid = valid_cols(w, b + blk);
+          for (int half = 0; half < 2; ++half) {
+            const int r = 2 * p + half;
+            if (r >= MR) continue;
+            const float rs = a.scale[rid[r]];
+            for (int i = 0; i < 2; ++i)
+              if ((col % 16) + i < valid) c[(r0 + r) * ldc + col + i] = t[2 * half + i] * rs;
+          }
+        }
+    }
+  };
+};
+
+}  // namespace moe_cpu::kernels

@@ -1,0 +1,14 @@
+// w4a8_neon_i8mm.cpp — INT4 weights x per-row INT8 activations, AArch64 SMMLA.
+// Tile: 4 rows x 16 columns (2 row pairs x 8 column pairs of 2x2 int32 tiles), K step 8 (the low and
+// high nibbles of one panel row). Packed weights: common/layout.h int4 panels.
+// Needs: AdvSIMD + i8mm. Limits: any M, any N, K % group == 0.
+#include "kernels/int_neon_i8mm.h"
+#include "moe_cpu/cpu_features.h"
+
+namespace moe_cpu {
+
+extern const KernelDesc kernel_w4a8_neon_i8mm{
+    "w4a8_neon_i8mm_4x16", Scheme::kInt4W4A8, "neon_i8mm", 4, 16, kFeatNeon | kFeatNeonI8mm, nullptr,
+    kernels::drive<kernels::IntNeonMmla<true>::Micro, 4, 1, 2>};
+
+}  // namespace moe_cpu

@@ -9,6 +9,6 @@ namespace moe_cpu {
 
 extern const KernelDesc kernel_bf16_neon_bf16{
     "bf16_neon_bf16_4x16", Scheme::kBf16, "neon_bf16", 4, 16, kFeatNeon | kFeatNeonBf16, nullptr,
-    kernels::drive<kernels::FloatNeonBf16<false>::Micro, 4, 1, 2>};
+    kernels::drive<kernels::FloatNeon<false, true>::Micro, 4, 1, 2>};
 
 }  // namespace moe_cpu

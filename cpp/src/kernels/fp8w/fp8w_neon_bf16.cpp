@@ -12,6 +12,6 @@ bool even_blocks(const PackedExperts& w) { return w.group_len() % 2 == 0 || w.nu
 
 extern const KernelDesc kernel_fp8w_neon_bf16{
     "fp8w_neon_bf16_4x16", Scheme::kFp8W8A16, "neon_bf16", 4, 16, kFeatNeon | kFeatNeonBf16, even_blocks,
-    kernels::drive<kernels::FloatNeonBf16<true>::Micro, 4, 1, 2>};
+    kernels::drive<kernels::FloatNeon<true, true>::Micro, 4, 1, 2>};
 
 }  // namespace moe_cpu

@@ -63,7 +63,7 @@ void bind_moe(py::module_& m) {
     require_shape(tw, "topk_weights", {a.M, a.k}, "the shape of topk_ids [M, k]");
     a.activation = parse_activation(activation);
     a.apply_router_weight_on_input = on_input;
-    const int64_t E = w13->num_experts, I = w2->in_features;
+    const int64_t E = w13->num_experts;
     py::array b13, b2, map;
     if (!b13_h.is_none()) {
       b13 = array_arg(b13_h, "w13_bias", {ElemType::kF32}, 2);
@@ -80,7 +80,6 @@ void bind_moe(py::module_& m) {
       a.expert_map = static_cast<const int32_t*>(map.data());
       a.num_global_experts = map.shape(0);
     }
-    (void)I;
     py::array out = output_arg(out_h, inplace, x, a.dtype, "hidden_states");
     a.x = x.data(), a.w13 = w13.get(), a.w2 = w2.get();
     a.topk_weights = static_cast<const float*>(tw.data());

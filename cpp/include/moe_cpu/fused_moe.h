@@ -24,7 +24,8 @@ struct FusedMoeArgs {
   const float* w2_bias = nullptr;   // [E,H] or null
   const int32_t* expert_map = nullptr;  // [num_global_experts] or null
   int64_t num_global_experts = 0;
-  void* out = nullptr;              // [M,H], may alias x
+  void* out = nullptr;              // [M,H] of `dtype`, may alias x
+  bool out_f32 = false;             // write fp32 whatever `dtype` is (used by shared_expert)
 };
 
 // Validates ids / weights / expert_map values (ValueError) and computes out.

@@ -243,7 +243,8 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
       if (bias) for (int64_t h = 0; h < H; ++h) acc[h] += (y[h] + bias[h]) * wr;
       else for (int64_t h = 0; h < H; ++h) acc[h] += y[h] * wr;
     }
-    for (int64_t h = 0; h < H; ++h) store(a.out, a.dtype, m * H + h, acc[h]);
+    const DType out_type = a.out_f32 ? DType::kF32 : a.dtype;
+    for (int64_t h = 0; h < H; ++h) store(a.out, out_type, m * H + h, acc[h]);
   });
 }
 
@@ -270,20 +271,11 @@ void shared_expert(const void* x, DType dtype, int64_t M, int64_t H, const Packe
   std::vector<float> shared(static_cast<size_t>(M * H));
   std::vector<int32_t> ids(static_cast<size_t>(M), 0);
   std::vector<float> ones(static_cast<size_t>(M), 1.f);
-  FusedMoeArgs a;
+  FusedMoeArgs a;  // one expert, weight 1, fp32 output: the shared expert's rows, unrounded
   a.x = x, a.dtype = dtype, a.M = M, a.H = H, a.w13 = &w13, a.w2 = &w2;
   a.topk_weights = ones.data(), a.topk_ids = ids.data(), a.k = 1;
-  // Computed in fp32 (the output of a k=1 pass is the expert's fp32 row, unrounded).
-  FusedMoeArgs f32 = a;
-  std::vector<float> xf;
-  if (dtype == DType::kBf16) {
-    xf.resize(size_t(M * H));
-    for (int64_t i = 0; i < M * H; ++i) xf[size_t(i)] = load(x, dtype, i);
-    f32.x = xf.data();
-  }
-  f32.dtype = DType::kF32;
-  f32.out = shared.data();
-  fused_experts(f32);
+  a.out = shared.data(), a.out_f32 = true;
+  fused_experts(a);
   const float scale = float(routed_scaling_factor);
   for (int64_t i = 0; i < M * H; ++i)
     store(out, dtype, i, load(fused_out, dtype, i) * scale + shared[size_t(i)]);

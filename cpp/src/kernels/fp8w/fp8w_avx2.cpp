@@ -3,14 +3,11 @@
 // Tile: 4 rows x 16 columns, K step 2. Packed weights: common/layout.h fp8 panels.
 // Needs: AVX2, FMA. Limits: any M, N; block_k even (or one K-block).
 #include "kernels/float_avx2.h"
+#include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"
 
 namespace moe_cpu {
-namespace {
-bool even_blocks(const PackedExperts& w) { return w.group_len() % 2 == 0 || w.num_groups() == 1; }
-}  // namespace
-
-extern const KernelDesc kernel_fp8w_avx2{"fp8w_avx2_4x16", Scheme::kFp8W8A16, "avx2", 4, 16, kFeatAvx2, even_blocks,
+extern const KernelDesc kernel_fp8w_avx2{"fp8w_avx2_4x16", Scheme::kFp8W8A16, "avx2", 4, 16, kFeatAvx2, kernels::groups_aligned<2>,
                                          kernels::drive<kernels::FloatAvx2<true>::Micro, 4, 1, 2>};
 
 }  // namespace moe_cpu

@@ -4,15 +4,12 @@
 // column's block scale. Packed weights: common/layout.h fp8 panels; scales per (column, K-block).
 // Needs: AVX512F, AVX512BW, AVX512_BF16. Limits: any M, N; block_k even (or one K-block).
 #include "kernels/float_avx512bf16.h"
+#include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"
 
 namespace moe_cpu {
-namespace {
-bool even_blocks(const PackedExperts& w) { return w.group_len() % 2 == 0 || w.num_groups() == 1; }
-}  // namespace
-
 extern const KernelDesc kernel_fp8w_avx512bf16{
     "fp8w_avx512bf16_8x16", Scheme::kFp8W8A16, "avx512bf16", 8, 16, kFeatAvx512 | kFeatAvx512Bf16,
-    even_blocks, kernels::drive<kernels::FloatBf16<true>::Micro, 8, 1, 4>};
+    kernels::groups_aligned<2>, kernels::drive<kernels::FloatBf16<true>::Micro, 8, 1, 4>};
 
 }  // namespace moe_cpu

@@ -3,14 +3,11 @@
 // Tile: 2 rows x 16 columns (block and running sums: 16 float32x4 registers), K step 2.
 // Needs: AdvSIMD. Limits: any M, N; block_k even (or one K-block).
 #include "kernels/float_neon.h"
+#include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"
 
 namespace moe_cpu {
-namespace {
-bool even_blocks(const PackedExperts& w) { return w.group_len() % 2 == 0 || w.num_groups() == 1; }
-}  // namespace
-
-extern const KernelDesc kernel_fp8w_neon{"fp8w_neon_2x16", Scheme::kFp8W8A16, "neon", 2, 16, kFeatNeon, even_blocks,
+extern const KernelDesc kernel_fp8w_neon{"fp8w_neon_2x16", Scheme::kFp8W8A16, "neon", 2, 16, kFeatNeon, kernels::groups_aligned<2>,
                                          kernels::drive<kernels::FloatNeon<true>::Micro, 2, 1, 2>};
 
 }  // namespace moe_cpu

@@ -3,15 +3,12 @@
 // Tile: 4 rows x 16 columns. Packed weights: common/layout.h fp8 panels.
 // Needs: AdvSIMD + BF16. Limits: any M, N; block_k even (or one K-block).
 #include "kernels/float_neon.h"
+#include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"
 
 namespace moe_cpu {
-namespace {
-bool even_blocks(const PackedExperts& w) { return w.group_len() % 2 == 0 || w.num_groups() == 1; }
-}  // namespace
-
 extern const KernelDesc kernel_fp8w_neon_bf16{
-    "fp8w_neon_bf16_4x16", Scheme::kFp8W8A16, "neon_bf16", 4, 16, kFeatNeon | kFeatNeonBf16, even_blocks,
+    "fp8w_neon_bf16_4x16", Scheme::kFp8W8A16, "neon_bf16", 4, 16, kFeatNeon | kFeatNeonBf16, kernels::groups_aligned<2>,
     kernels::drive<kernels::FloatNeon<true, true>::Micro, 4, 1, 2>};
 
 }  // namespace moe_cpu

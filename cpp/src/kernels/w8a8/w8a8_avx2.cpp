@@ -3,14 +3,11 @@
 // Tile: 4 rows x 16 columns, K step 4. Packed weights: common/layout.h int8 panels (w + 128).
 // Needs: AVX2, FMA. Limits: any M, N; group length <= 65536.
 #include "kernels/int_avx2.h"
+#include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"
 
 namespace moe_cpu {
-namespace {
-bool fits_int32(const PackedExperts& w) { return w.group_len() <= 65536 && (w.group_len() % 4 == 0 || w.num_groups() == 1); }
-}  // namespace
-
-extern const KernelDesc kernel_w8a8_avx2{"w8a8_avx2_4x16", Scheme::kInt8W8A8, "avx2", 4, 16, kFeatAvx2, fits_int32,
+extern const KernelDesc kernel_w8a8_avx2{"w8a8_avx2_4x16", Scheme::kInt8W8A8, "avx2", 4, 16, kFeatAvx2, kernels::int8_groups_fit<4>,
                                          kernels::drive<kernels::IntAvx2<false>::Micro, 4, 1, 2>};
 
 }  // namespace moe_cpu

@@ -4,15 +4,12 @@
 // Scales: fp32 per (column, group) or per channel.
 // Needs: AVX512F, AVX512BW, AVX512VNNI. Limits: any M, any N; group length <= 65536 (int32 sums).
 #include "kernels/int_avx512vnni.h"
+#include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"
 
 namespace moe_cpu {
-namespace {
-bool fits_int32(const PackedExperts& w) { return w.group_len() <= 65536 && (w.group_len() % 4 == 0 || w.num_groups() == 1); }
-}  // namespace
-
 extern const KernelDesc kernel_w8a8_avx512vnni{
     "w8a8_avx512vnni_3x64", Scheme::kInt8W8A8, "avx512vnni", 3, 64, kFeatAvx512 | kFeatAvx512Vnni,
-    fits_int32, kernels::drive<kernels::IntVnni<false>::Micro, 3, 4, 4>};
+    kernels::int8_groups_fit<4>, kernels::drive<kernels::IntVnni<false>::Micro, 3, 4, 4>};
 
 }  // namespace moe_cpu

@@ -3,15 +3,12 @@
 // Tile: 4 rows x 16 columns, K step 4. Packed weights: common/layout.h int8 panels.
 // Needs: AdvSIMD + dotprod. Limits: any M, N; group length <= 65536.
 #include "kernels/int_neon_dotprod.h"
+#include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"
 
 namespace moe_cpu {
-namespace {
-bool fits_int32(const PackedExperts& w) { return w.group_len() <= 65536 && (w.group_len() % 4 == 0 || w.num_groups() == 1); }
-}  // namespace
-
 extern const KernelDesc kernel_w8a8_neon_dotprod{
-    "w8a8_neon_dotprod_4x16", Scheme::kInt8W8A8, "neon_dotprod", 4, 16, kFeatNeon | kFeatNeonDotprod, fits_int32,
+    "w8a8_neon_dotprod_4x16", Scheme::kInt8W8A8, "neon_dotprod", 4, 16, kFeatNeon | kFeatNeonDotprod, kernels::int8_groups_fit<4>,
     kernels::drive<kernels::IntNeonDot<false>::Micro, 4, 1, 2>};
 
 }  // namespace moe_cpu

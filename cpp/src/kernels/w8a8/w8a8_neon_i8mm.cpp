@@ -3,15 +3,12 @@
 // Packed weights: common/layout.h int8 panels (w + 128, top bit flipped back).
 // Needs: AdvSIMD + i8mm. Limits: any M, N; group length a multiple of 8 (or one group), <= 65536.
 #include "kernels/int_neon_i8mm.h"
+#include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"
 
 namespace moe_cpu {
-namespace {
-bool supported(const PackedExperts& w) { return w.group_len() <= 65536 && (w.group_len() % 8 == 0 || w.num_groups() == 1); }
-}  // namespace
-
 extern const KernelDesc kernel_w8a8_neon_i8mm{
-    "w8a8_neon_i8mm_4x16", Scheme::kInt8W8A8, "neon_i8mm", 4, 16, kFeatNeon | kFeatNeonI8mm, supported,
+    "w8a8_neon_i8mm_4x16", Scheme::kInt8W8A8, "neon_i8mm", 4, 16, kFeatNeon | kFeatNeonI8mm, kernels::int8_groups_fit<8>,
     kernels::drive<kernels::IntNeonMmla<false>::Micro, 4, 1, 2>};
 
 }  // namespace moe_cpu

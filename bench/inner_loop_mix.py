@@ -20,6 +20,7 @@ DOT = ("vpdpbusd", "vdpbf16ps", "vpmaddubsw", "vfmadd231ps", "vfmadd213ps", "vfm
 TILES = {  # kernel file -> the tile template that does the work at M >= 64
     "w4a8_avx512vnni": "Micro<3, 4>", "w8a8_avx512vnni": "Micro<3, 4>",
     "bf16_avx512bf16": "Micro<4, 4>", "fp8w_avx512bf16": "Micro<8, 1>",
+    "w4a8_avx2vnni": "Micro<4, 1>", "w8a8_avx2vnni": "Micro<4, 1>",
     "w4a8_avx2": "Micro<4, 1>", "w8a8_avx2": "Micro<4, 1>", "bf16_avx2": "Micro<4, 1>", "fp8w_avx2": "Micro<4, 1>",
     "w4a8_neon_dotprod": "Micro<4, 1>", "w8a8_neon_dotprod": "Micro<4, 1>", "bf16_neon": "Micro<4, 1>",
     "fp8w_neon": "Micro<2, 1>", "bf16_neon_bf16": "Micro<4, 1>", "fp8w_neon_bf16": "Micro<4, 1>",
@@ -39,7 +40,7 @@ def loop_mix(obj: pathlib.Path, tile: str, objdump: str = "objdump"):
         return None
     ins = []
     for line in body.splitlines()[1:]:
-        m = re.match(r"\s*([0-9a-f]+):\s+(\S+)\s*(.*)", line)
+        m = re.match(r"\s*([0-9a-f]+):\s+(?:\{vex\}\s+)?(\S+)\s*(.*)", line)
         if m:
             ins.append((int(m.group(1), 16), m.group(2), m.group(3)))
     loops = []   # (start index, end index) of every backward branch
@@ -48,7 +49,7 @@ def loop_mix(obj: pathlib.Path, tile: str, objdump: str = "objdump"):
         if _is_branch(op) and t and int(t.group(1), 16) < addr:
             loops.append((next(j for j, x in enumerate(ins) if x[0] >= int(t.group(1), 16)), i))
     inner = [(s0, e0) for s0, e0 in loops if not any(s0 <= s1 and e1 < e0 for s1, e1 in loops if (s1, e1) != (s0, e0))]
-    best = max((ins[s0:e0 + 1] for s0, e0 in inner), key=lambda lp: sum(x[1] in DOT for x in lp), default=None)
+    best = max((ins[s0:e0 + 1] for s0, e0 in inner), key=lambda lp: (sum(x[1] in DOT for x in lp), -len(lp)), default=None)
     if best is not None and not any(x[1] in DOT for x in best):
         best = None
     return collections.Counter(x[1] for x in best) if best else None

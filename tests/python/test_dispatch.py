@@ -1,6 +1,9 @@
 """Dispatch: the ISA forced with MOE_CPU_ISA (CI runs the whole suite once per level) is the path the
 packed weights really take, force_isa() works, and cpu_features() reports it."""
 import os
+import platform
+import re
+import shutil
 import subprocess
 import sys
 
@@ -14,7 +17,8 @@ DETECTED = set(moe_cpu.cpu_features()["detected"])
 # ISA words a level allows (the registry tries kernels best first among these).
 ALLOWED = {
     "reference": {"reference"},
-    "avx2": {"avx2", "avx2vnni", "reference"},
+    "avx2": {"avx2", "reference"},
+    "avx2vnni": {"avx2vnni", "avx2", "reference"},
     "avx512": {"avx512vnni", "avx512bf16", "avx2", "avx2vnni", "reference"},
 }
 
@@ -43,7 +47,9 @@ def test_forced_level_is_the_path_taken(scheme):
         if (want == "avx512vnni" and "avx512_vnni" in DETECTED) or (want == "avx512bf16" and "avx512_bf16" in DETECTED):
             assert isa == want
     if LEVEL == "avx2" and "avx2" in DETECTED:
-        assert isa == "avx2"   # no AVX-VNNI kernel is shipped (this CPU cannot test one)
+        assert isa == "avx2"   # the avx2 level masks AVX-VNNI: vpmaddubsw / FMA kernels
+    if LEVEL == "avx2vnni" and "avx_vnni" in DETECTED:
+        assert isa == ("avx2vnni" if int_scheme else "avx2")
     if LEVEL == "reference":
         assert isa == "reference"
 
@@ -70,3 +76,36 @@ def test_every_registered_kernel_is_named_by_the_grammar():
         prefix = {"int4_w4a8": "w4a8", "int8_w8a8": "w8a8", "fp8_w8a16": "fp8w", "bf16": "bf16"}[k["scheme"]]
         want = f"{prefix}_{k['isa']}" + ("" if k["isa"] == "reference" else f"_{k['mr']}x{k['nr']}")
         assert k["name"] == want
+
+
+def test_avx2vnni_level_needs_avx_vnni(tmp_path):
+    code = "import moe_cpu as mc\nmc.force_isa('avx2vnni')\nprint(mc.quantize_experts(__import__('numpy').ones((1, 32, 64), 'float32'), 'int4_w4a8').kernel)\n"
+    env = dict(os.environ)
+    env.pop("MOE_CPU_ISA", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    if "avx_vnni" in DETECTED:
+        assert out.returncode == 0 and out.stdout.strip() == "w4a8_avx2vnni_4x16", out.stderr
+    else:
+        assert out.returncode != 0 and "needs CPU features this machine lacks" in out.stderr
+
+
+EVEX_ONLY = re.compile(r"%zmm|%ymm(1[6-9]|2[0-9]|3[01])\b|%xmm(1[6-9]|2[0-9]|3[01])\b|%k[0-7]\b|\{1to")
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 encoding check")
+def test_shipped_avx2vnni_kernels_are_vex_only():
+    """The AVX-VNNI kernels must run on CPUs without AVX-512: their code is {vex} vpdpbusd and
+    nothing EVEX-only (zmm, ymm16-31, mask registers, embedded broadcasts)."""
+    objdump = shutil.which("objdump")
+    assert objdump, "objdump (binutils) is needed for this check"
+    asm = subprocess.run([objdump, "-d", "--no-show-raw-insn", "-C", moe_cpu._core.__file__],
+                         capture_output=True, text=True, check=True).stdout
+    funcs = [f for f in re.split(r"\n(?=[0-9a-f]+ <)", asm)
+             if "(moe_cpu::kernels::IntDot)1>" in f.splitlines()[0] and "@plt>" not in f.splitlines()[0]]
+    runs = [f for f in funcs if "::run(" in f.splitlines()[0]]
+    assert len(runs) >= 4, "expected the w4a8 / w8a8 avx2vnni microkernels in _core"
+    for f in runs:
+        assert "{vex} vpdpbusd" in f, f.splitlines()[0]
+    for f in funcs:
+        bad = [ln for ln in f.splitlines()[1:] if EVEX_ONLY.search(ln)]
+        assert not bad, f"{f.splitlines()[0]}: EVEX-only instructions {bad[:3]}"

@@ -65,7 +65,8 @@ constexpr uint64_t kAll = ~uint64_t(0);
 constexpr Level kLevels[] = {
     {"native", kAll},
     {"reference", 0},
-    {"avx2", kFeatAvx2 | kFeatAvxVnni},
+    {"avx2", kFeatAvx2},
+    {"avx2vnni", kFeatAvx2 | kFeatAvxVnni},
     {"avx512", kAll & ~uint64_t(kFeatNeon | kFeatNeonDotprod | kFeatNeonI8mm | kFeatNeonBf16)},
     {"neon", kFeatNeon},
     {"neon_dotprod", kFeatNeon | kFeatNeonDotprod},
@@ -75,6 +76,7 @@ constexpr Level kLevels[] = {
 // The feature an ISA level needs to be present on this CPU.
 uint64_t level_requirement(const std::string& n) {
   if (n == "avx2") return kFeatAvx2;
+  if (n == "avx2vnni") return kFeatAvxVnni;
   if (n == "avx512") return kFeatAvx512;
   if (n == "neon") return kFeatNeon;
   if (n == "neon_dotprod") return kFeatNeonDotprod;

@@ -1,10 +1,15 @@
-// int_avx2.h — the shared microkernel of w4a8_avx2 and w8a8_avx2 (no VNNI): vpmaddubsw + vpmaddwd
-// emulate vpdpbusd on 8 columns per ymm (each int32 lane = one column's 4 k bytes).
-//   int4: u in [0,15] x s8 activations: pair sums <= 2*15*127, no int16 saturation; the zero
-//         point is removed with the group's activation sum, as in the VNNI kernel.
-//   int8: w = u ^ 0x80 (signed); vpmaddubsw(|w|, sign(a, w)) gives w*a pairs <= 2*128*127 without
-//         saturation, so the sums are already zero-point free.
-// Needs: AVX2, FMA. Tile: MR rows x 16 columns per block (two ymm halves).
+// int_avx2.h — the shared microkernel of the ymm int kernels: 8 columns per ymm, each int32 lane
+// one column's 4 k bytes.
+//   IntDot::kMaddubs (w4a8_avx2, w8a8_avx2; AVX2 + FMA): vpmaddubsw + vpmaddwd emulate vpdpbusd.
+//     int4: u in [0,15] x s8 activations: pair sums <= 2*15*127, no int16 saturation; the zero
+//           point is removed with the group's activation sum, as in the VNNI kernel.
+//     int8: w = u ^ 0x80 (signed); vpmaddubsw(|w|, sign(a, w)) gives w*a pairs <= 2*128*127 without
+//           saturation, so the sums are already zero-point free.
+//   IntDot::kVnniVex (w4a8_avx2vnni, w8a8_avx2vnni; + AVX-VNNI): {vex} vpdpbusd on the stored
+//     unsigned bytes, zero point (8, 128 or stored) removed with the activation sums.
+//   IntDot::kVnniEvex: the same loop with the EVEX form of the instruction (AVX512-VNNI + VL, same
+//     semantics); only the test suite builds it, to run the kVnniVex source on CPUs without AVX-VNNI.
+// Tile: MR rows x 16 columns per block (two ymm halves).
 #pragma once
 #include <immintrin.h>
 
@@ -15,7 +20,18 @@
 
 namespace moe_cpu::kernels {
 
-template <bool kInt4>
+enum class IntDot { kMaddubs, kVnniVex, kVnniEvex };
+
+// acc += dot4(u8, s8) per int32 lane, accumulator in place (as in int_avx512vnni.h).
+template <IntDot D>
+inline void dpbusd_ymm(__m256i& acc, __m256i u8, __m256i s8) {
+  if constexpr (D == IntDot::kVnniVex)
+    asm("%{vex%} vpdpbusd %[s], %[u], %[acc]" : [acc] "+x"(acc) : [u] "x"(u8), [s] "x"(s8));
+  else
+    asm("vpdpbusd %[s], %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u8), [s] "v"(s8));
+}
+
+template <bool kInt4, IntDot D = IntDot::kMaddubs>
 struct IntAvx2 {
   template <int MR, int NJ>
   struct Micro {
@@ -36,6 +52,26 @@ struct IntAvx2 {
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
           _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) acc[r][h] = _mm256_setzero_si256();
         for (int64_t t = s0; t < s1; ++t) {
+          if constexpr (D != IntDot::kMaddubs) {  // weights first, then one row's broadcasts at a time
+            __m256i u[2 * H];                     // (int4: low nibbles, then high; 15 ymm live at H = 2)
+            _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
+              const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
+              u[h] = kInt4 ? _mm256_and_si256(v, low4) : v;
+              if constexpr (kInt4) u[H + h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+              int32_t a0;
+              std::memcpy(&a0, arow[r] + t * step, 4);
+              const __m256i b0 = _mm256_set1_epi32(a0);
+              _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) dpbusd_ymm<D>(acc[r][h], u[h], b0);
+              if constexpr (kInt4) {
+                std::memcpy(&a0, arow[r] + t * 8 + 4, 4);
+                const __m256i b1 = _mm256_set1_epi32(a0);
+                _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) dpbusd_ymm<D>(acc[r][h], u[H + h], b1);
+              }
+            }
+            continue;
+          }
           _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
             const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
             if constexpr (kInt4) {
@@ -62,7 +98,7 @@ struct IntAvx2 {
         _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
           const int64_t si = w.scale_index(e, 16 * (b + h / 2), gi) + (h % 2) * 8;
           const __m256 sv = _mm256_load_ps(w.scales.as<float>() + si);
-          __m256i zv = _mm256_set1_epi32(kInt4 ? 8 : 0);
+          __m256i zv = _mm256_set1_epi32(kInt4 || D != IntDot::kMaddubs ? layout::implicit_zero(w.scheme) : 0);
           if (kInt4 && w.has_zeros) zv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zeros.data() + si)));
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
             const __m256i corr = _mm256_mullo_epi32(zv, _mm256_set1_epi32(a.asum[a.row_idx[r0 + r] * G + gi]));

@@ -1,0 +1,15 @@
+// w4a8_avx2vnni.cpp — INT4 weights x per-row INT8 activations, AVX2 + AVX-VNNI ({vex} vpdpbusd ymm),
+// for CPUs with AVX-VNNI but no AVX-512 (Alder Lake and later clients, Sierra Forest, Zen 5 clients).
+// Tile: 4 rows x 16 columns (two ymm per row), K step 8 (nibbles: AND, shift + AND).
+// Packed weights: common/layout.h int4 panels; zero points removed via the group activation sums.
+// Needs: AVX2, FMA, AVX-VNNI. Limits: any M, any N, K % group == 0.
+#include "kernels/int_avx2.h"
+#include "moe_cpu/cpu_features.h"
+
+namespace moe_cpu {
+
+extern const KernelDesc kernel_w4a8_avx2vnni{
+    "w4a8_avx2vnni_4x16", Scheme::kInt4W4A8, "avx2vnni", 4, 16, kFeatAvx2 | kFeatAvxVnni, nullptr,
+    kernels::drive<kernels::IntAvx2<true, kernels::IntDot::kVnniVex>::Micro, 4, 1, 2>};
+
+}  // namespace moe_cpu

@@ -1,0 +1,20 @@
+// avx2vnni_evex_twins.cpp — test-only twins of w4a8_avx2vnni and w8a8_avx2vnni: the same microkernel
+// source (int_avx2.h) with vpdpbusd ymm in its EVEX form (AVX512-VNNI + VL), whose semantics are
+// identical to the VEX form the library ships. CPUs with AVX512-VNNI but no AVX-VNNI run these.
+#include "kernels/int_avx2.h"
+#include "kernels/limits.h"
+#include "moe_cpu/cpu_features.h"
+
+namespace moe_cpu::test {
+
+constexpr uint64_t kTwinFeatures = kFeatAvx2 | kFeatAvx512 | kFeatAvx512Vnni;
+const KernelDesc kW4a8Avx2VnniEvexTwin{
+    "w4a8_avx2vnni_4x16_evex_twin", Scheme::kInt4W4A8, "avx2vnni", 4, 16, kTwinFeatures, nullptr,
+    kernels::drive<kernels::IntAvx2<true, kernels::IntDot::kVnniEvex>::Micro, 4, 1, 2>};
+const KernelDesc kW8a8Avx2VnniEvexTwin{
+    "w8a8_avx2vnni_4x16_evex_twin", Scheme::kInt8W8A8, "avx2vnni", 4, 16, kTwinFeatures,
+    kernels::int8_groups_fit<4>, kernels::drive<kernels::IntAvx2<false, kernels::IntDot::kVnniEvex>::Micro, 4, 1, 2>};
+
+extern const KernelDesc* const kEvexTwins[2] = {&kW4a8Avx2VnniEvexTwin, &kW8a8Avx2VnniEvexTwin};
+
+}  // namespace moe_cpu::test

@@ -100,8 +100,23 @@ def test_shipped_avx2vnni_kernels_are_vex_only():
     assert objdump, "objdump (binutils) is needed for this check"
     asm = subprocess.run([objdump, "-d", "--no-show-raw-insn", "-C", moe_cpu._core.__file__],
                          capture_output=True, text=True, check=True).stdout
-    funcs = [f for f in re.split(r"\n(?=[0-9a-f]+ <)", asm)
-             if "(moe_cpu::kernels::IntDot)1>" in f.splitlines()[0] and "@plt>" not in f.splitlines()[0]]
+    # The module is stripped to its dynamic symbols; each function ends at its symbol's size.
+    sizes = {}
+    for ln in subprocess.run(["nm", "-D", "-S", moe_cpu._core.__file__], capture_output=True, text=True,
+                             check=True).stdout.splitlines():
+        parts = ln.split()
+        if len(parts) >= 4:
+            sizes[int(parts[0], 16)] = int(parts[1], 16)
+    funcs = []
+    for f in re.split(r"\n(?=[0-9a-f]+ <)", asm):
+        head = f.splitlines()[0]
+        if "(moe_cpu::kernels::IntDot)1>" not in head or "@plt>" in head:
+            continue
+        start = int(head.split()[0], 16)
+        end = start + sizes[start]
+        body = [ln for ln in f.splitlines()[1:] if re.match(r"\s*([0-9a-f]+):", ln)
+                and int(re.match(r"\s*([0-9a-f]+):", ln).group(1), 16) < end]
+        funcs.append("\n".join([head] + body))
     runs = [f for f in funcs if "::run(" in f.splitlines()[0]]
     assert len(runs) >= 4, "expected the w4a8 / w8a8 avx2vnni microkernels in _core"
     for f in runs:

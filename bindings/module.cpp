@@ -30,6 +30,8 @@ PYBIND11_MODULE(_core, m) {
   bind_bench(m);
   m.def("set_num_threads", &moe_cpu::set_num_threads, py::arg("n"));
   m.def("get_num_threads", &moe_cpu::get_num_threads);
+  m.def("set_scratch_limit", &moe_cpu::set_scratch_limit, py::arg("bytes"));
+  m.def("get_scratch_limit", &moe_cpu::get_scratch_limit);
   m.def("detected_features", [] { return moe_cpu::feature_names(moe_cpu::detected_features()); });
   m.def("active_features", [] { return moe_cpu::feature_names(moe_cpu::active_features()); });
   m.def("force_isa", &moe_cpu::force_isa, py::arg("isa"));

@@ -18,7 +18,7 @@ from ._dtypes import as_bits, is_named
 __all__ = [
     "PackedExperts", "pack_int4", "pack_int8", "pack_fp8", "pack_bf16", "quantize_experts",
     "fused_experts", "shared_expert", "select_experts", "moe_align_block_size",
-    "dynamic_4bit_int_moe", "load_packed", "set_num_threads", "get_num_threads", "cpu_features", "force_isa",
+    "dynamic_4bit_int_moe", "load_packed", "set_num_threads", "get_num_threads", "set_scratch_limit", "get_scratch_limit", "cpu_features", "force_isa",
     "SCHEMES", "ACTIVATIONS",
 ]
 
@@ -273,6 +273,18 @@ def set_num_threads(n: int) -> None:
 def get_num_threads() -> int:
     """The number of threads used by every call."""
     return _core.get_num_threads()
+
+
+def set_scratch_limit(nbytes: int) -> None:
+    """Bound ``fused_experts``' scratch memory per calling thread (default 96 MiB). Tokens run in equal
+    chunks that fit it; a larger limit gives each expert more rows per pass over its weights (faster
+    prefill on models with many experts). Results do not depend on it."""
+    _core.set_scratch_limit(_int_arg(nbytes, "nbytes"))
+
+
+def get_scratch_limit() -> int:
+    """The scratch bound in bytes (see ``set_scratch_limit``)."""
+    return _core.get_scratch_limit()
 
 
 def cpu_features() -> dict:

@@ -71,6 +71,7 @@ CASES = [
     ("dyn_scheme", "mc.dynamic_4bit_int_moe(x, ti, tw, w13b, w2, H, I, 2 * I, 32, False, 0)", ValueError, ["int4_w4a8"]),
     ("shared_E", "mc.shared_expert(x, w13, w2, x.copy())", ValueError, ["num_experts == 1"]),
     ("threads", "mc.set_num_threads(0)", ValueError, ["num_threads"]),
+    ("scratch", "mc.set_scratch_limit(0)", ValueError, ["scratch limit"]),
     ("force_isa", "mc.force_isa('avx9000')", ValueError, ["avx9000"]),
 ]
 

@@ -48,3 +48,27 @@ def test_output_bits_do_not_depend_on_thread_count(rng, name):
         moe_cpu.set_num_threads(saved)
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("name", ["int4_g32", "int8", "fp8_128", "bf16"])
+@pytest.mark.parametrize("on_input", [False, True])
+def test_output_bits_do_not_depend_on_token_chunks(rng, name, on_input):
+    """A small scratch limit splits the tokens into chunks (1 token each at 1 byte); every token's
+    numbers are computed independently of the others, so the bits must not change."""
+    E, H, I, M, k = 8, 128, 96, 61, 3
+    _, w13, _, w2 = make_moe(rng, SCHEME_CONFIGS[name], E, H, I)
+    x = make_input(rng, M, H)
+    tw, ids = make_routing(rng, M, E, k)
+    ids[5:9] = -1  # whole tokens skipped: a chunk may have no rows at all
+    saved = moe_cpu.get_scratch_limit()
+    try:
+        outs = []
+        for limit in (saved, 1, 20_000):  # one chunk; 61 chunks of 1 token; about 9 chunks
+            moe_cpu.set_scratch_limit(limit)
+            assert moe_cpu.get_scratch_limit() == limit
+            outs.append(moe_cpu.fused_experts(x, w13, w2, tw, ids, apply_router_weight_on_input=on_input))
+    finally:
+        moe_cpu.set_scratch_limit(saved)
+    assert not outs[0][5:9].any()
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])

@@ -50,4 +50,10 @@ AlignedRows moe_align_block_size(const int32_t* topk_ids, int64_t numel, int64_t
 void set_num_threads(int n);
 int get_num_threads();
 
+// Bound on fused_experts' per-call scratch in bytes (default 96 MiB). Tokens are processed in equal
+// chunks that fit it (at least one token per chunk); larger chunks reuse each expert's weights
+// over more rows. Results do not depend on it (each token's numbers are computed independently).
+void set_scratch_limit(int64_t bytes);
+int64_t get_scratch_limit();
+
 }  // namespace moe_cpu

@@ -5,6 +5,7 @@
 // one task in a fixed order, so the result does not depend on the thread count.
 #include "moe_cpu/fused_moe.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -130,7 +131,7 @@ void check_args(const FusedMoeArgs& a) {
 namespace {
 
 constexpr int64_t kMinTileBlocks = 4;         // 16-column blocks per GEMM task, at least
-constexpr int64_t kScratchBytes = 48 << 20;   // bound on the per-chunk scratch
+std::atomic<int64_t> g_scratch_bytes{int64_t(96) << 20};  // set_scratch_limit
 
 struct Task {
   int64_t e, b0, b1;
@@ -163,9 +164,10 @@ void run_gemm(const PackedExperts& w, const std::vector<int64_t>& begin, const A
 }
 
 // Per-calling-thread scratch, kept between calls so that large buffers are not faulted in anew.
+// c holds GEMM1's output [P, 2I], then (once the activations are quantized) GEMM2's [P, H].
 struct Scratch {
   ActBuffer a1, a2;
-  std::vector<float> c1, c2;
+  std::vector<float> c;
 };
 
 // A per-worker fp32 row of n floats (thread-local, reused).
@@ -179,7 +181,7 @@ float* worker_row(int64_t n) {
 void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m0, int64_t m1) {
   thread_local Scratch scratch;
   ActBuffer &a1 = scratch.a1, &a2 = scratch.a2;
-  std::vector<float>&c1 = scratch.c1, &c2 = scratch.c2;
+  std::vector<float>& c = scratch.c;
   const PackedExperts &w13 = *a.w13, &w2 = *a.w2;
   const int64_t E = w13.num_experts, H = a.H, I = w2.in_features, k = a.k, N1 = 2 * I;
   // 1. Rows by expert: position p of slot s (slots are m*k + j, local to the chunk).
@@ -211,23 +213,24 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   });
   std::vector<int32_t> a1_idx(static_cast<size_t>(P)), iota(static_cast<size_t>(P));
   for (int64_t p = 0; p < P; ++p) a1_idx[size_t(p)] = per_slot ? slot_of[size_t(p)] : slot_of[size_t(p)] / int32_t(k), iota[size_t(p)] = int32_t(p);
-  // 3. GEMM1 into c1 [P, 2I] in expert order.
-  c1.resize(static_cast<size_t>(P * N1));
-  run_gemm(w13, begin, a1, a1_idx.data(), c1.data());
+  // 3. GEMM1 into c [P, 2I] in expert order.
+  c.resize(static_cast<size_t>(P * std::max(N1, H)));
+  float* c1 = c.data();
+  run_gemm(w13, begin, a1, a1_idx.data(), c1);
   // 4. Bias, activation and the GEMM2 activations, per row.
   a2.reset(w2, P);
   parallel_for(P, [&](int64_t p) {
     const int64_t e = ids[size_t(m0 * k + slot_of[size_t(p)])];
-    float* y = c1.data() + p * N1;
+    float* y = c1 + p * N1;
     if (a.w13_bias)
       for (int64_t n = 0; n < N1; ++n) y[n] += a.w13_bias[e * N1 + n];
     float* act = worker_row(I);
     apply_activation(a.activation, y, I, act);
     a2.set_row(p, act, "activation output");
   });
-  // 5. GEMM2 into c2 [P, H].
-  c2.resize(static_cast<size_t>(P * H));
-  run_gemm(w2, begin, a2, iota.data(), c2.data());
+  // 5. GEMM2 into c [P, H] (GEMM1's output is dead: a2 holds what GEMM2 reads).
+  float* c2 = c.data();
+  run_gemm(w2, begin, a2, iota.data(), c2);
   // 6. Per token: (row + bias) * router weight, summed over j in order, rounded once.
   parallel_for(m1 - m0, [&](int64_t r) {
     const int64_t m = m0 + r;
@@ -238,7 +241,7 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
       if (p < 0) continue;
       const int64_t e = ids[size_t(m * k + j)];
       const float wr = a.apply_router_weight_on_input ? 1.f : a.topk_weights[m * k + j];
-      const float* y = c2.data() + int64_t(p) * H;
+      const float* y = c2 + int64_t(p) * H;
       const float* bias = a.w2_bias ? a.w2_bias + e * H : nullptr;
       if (bias) for (int64_t h = 0; h < H; ++h) acc[h] += (y[h] + bias[h]) * wr;
       else for (int64_t h = 0; h < H; ++h) acc[h] += y[h] * wr;
@@ -250,13 +253,26 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
 
 }  // namespace
 
+void set_scratch_limit(int64_t bytes) {
+  if (bytes < 1) throw ValueError(msg("scratch limit = ", bytes, " bytes must be >= 1"));
+  g_scratch_bytes = bytes;
+}
+int64_t get_scratch_limit() { return g_scratch_bytes.load(); }
+
 void fused_experts(const FusedMoeArgs& a) {
   check_args(a);
   if (a.M == 0) return;
   const std::vector<int32_t> ids = local_ids(a, a.w13->num_experts);
-  // Tokens per chunk: bounded scratch (c1, c2 and the activation rows of k slots per token).
-  const int64_t per_token = a.k * (2 * a.w2->in_features + a.H + a.H + a.w2->in_features) * 4;
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(a.M, kScratchBytes / std::max<int64_t>(1, per_token)));
+  // Tokens per chunk: bounded scratch. Per token: k rows of c (fp32, max(2I, H)), k GEMM2 activation
+  // rows (I codes or bf16) and 1 (or k, router weight on input) GEMM1 activation rows (H).
+  const auto act_row = [](const PackedExperts& w) {  // ActBuffer bytes per row
+    return is_int_scheme(w.scheme) ? w.padded_k() + 4 + 4 * w.num_groups() : 2 * w.padded_k();
+  };
+  const int64_t a1_rows = a.apply_router_weight_on_input ? a.k : 1;
+  const int64_t per_token =
+      a.k * std::max(2 * a.w2->in_features, a.H) * 4 + a.k * act_row(*a.w2) + a1_rows * act_row(*a.w13);
+  const int64_t most = std::max<int64_t>(1, std::min<int64_t>(a.M, get_scratch_limit() / std::max<int64_t>(1, per_token)));
+  const int64_t chunks = (a.M + most - 1) / most, chunk = (a.M + chunks - 1) / chunks;  // equal chunks
   for (int64_t m0 = 0; m0 < a.M; m0 += chunk) run_chunk(a, ids, m0, std::min(a.M, m0 + chunk));
 }
 

@@ -18,7 +18,7 @@ import sys
 DOT = ("vpdpbusd", "vdpbf16ps", "vpmaddubsw", "vfmadd231ps", "vfmadd213ps", "vfmadd132ps", "sdot", "fmla", "bfdot",
        "smmla", "bfmmla")
 TILES = {  # kernel file -> the tile template that does the work at M >= 64
-    "w4a8_avx512vnni": "Micro<3, 4>", "w8a8_avx512vnni": "Micro<6, 4>",
+    "w4a8_avx512vnni": "Micro<6, 2>", "w8a8_avx512vnni": "Micro<6, 4>",
     "bf16_avx512bf16": "Micro<4, 4>", "fp8w_avx512bf16": "Micro<8, 1>",
     "w4a8_avx2vnni": "Micro<4, 1>", "w8a8_avx2vnni": "Micro<4, 1>",
     "w4a8_avx2": "Micro<4, 1>", "w8a8_avx2": "Micro<4, 1>", "bf16_avx2": "Micro<4, 1>", "fp8w_avx2": "Micro<4, 1>",

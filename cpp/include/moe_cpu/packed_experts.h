@@ -46,10 +46,11 @@ struct PackedExperts {
   const KernelDesc* kernel = nullptr;
 
   // Length along K of one scale group (K for per channel, block_k for fp8).
-  int64_t group_len() const;
-  int64_t num_groups() const;       // along K
+  // (Inline: kernels call these per scale group, and an out-of-line call spills every vector register.)
+  int64_t group_len() const { return group_size > 0 ? group_size : in_features; }
+  int64_t num_groups() const { return group_len() > 0 ? (in_features + group_len() - 1) / group_len() : 0; }  // along K
   int64_t padded_k() const;         // K rounded up to the layout's k-step
-  int64_t num_blocks() const;       // 16-column panels per expert
+  int64_t num_blocks() const { return (out_features + 15) / 16; }  // 16-column panels per expert
   size_t nbytes() const { return qweight.size() + scales.size() + zeros.size(); }
   // Weight panel of (expert e, column block b).
   const uint8_t* panel(int64_t e, int64_t b) const { return qweight.data() + (e * num_blocks() + b) * panel_bytes(); }

@@ -55,9 +55,14 @@ struct IntVnni {
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) accf[r][j] = _mm512_setzero_ps();
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
+        // Without stored zeros the implicit zero point's term (zero * group code sum) is the same for
+        // every column: it starts the int32 sum, so the group ends with a plain convert.
+        const int zc = layout::implicit_zero(w.scheme);
         __m512i acc[MR][NJ];
-        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
-          _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+          const __m512i start = w.has_zeros ? _mm512_setzero_si512() : _mm512_set1_epi32(-zc * a.asum[a.row_idx[r0 + r] * G + gi]);
+          _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = start;
+        }
         for (int64_t t = s0; t < s1; ++t) {
           if constexpr (MR == 1)  // decode streams weights from DRAM; larger tiles reuse them from L2
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * 64 + kPrefetchBytes), _MM_HINT_T1);
@@ -83,15 +88,15 @@ struct IntVnni {
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
           const int64_t si = w.scale_index(e, 16 * (b + j), gi);
           const __m512 sv = _mm512_load_ps(scales + si);
-          const int zc = layout::implicit_zero(w.scheme);
-          const __m512i zv = w.has_zeros ? _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(w.zeros.data() + si)))
-                                         : _mm512_setzero_si512();
-          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-            const int32_t asum = a.asum[a.row_idx[r0 + r] * G + gi];  // no vpmulld without stored zeros
-            const __m512i corr = w.has_zeros ? _mm512_mullo_epi32(zv, _mm512_set1_epi32(asum)) : _mm512_set1_epi32(zc * asum);
-            const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][j], corr));
-            accf[r][j] = _mm512_fmadd_ps(exact, sv, accf[r][j]);
+          if (w.has_zeros) {
+            const __m512i zv = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(w.zeros.data() + si)));
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+              const __m512i corr = _mm512_mullo_epi32(zv, _mm512_set1_epi32(a.asum[a.row_idx[r0 + r] * G + gi]));
+              acc[r][j] = _mm512_sub_epi32(acc[r][j], corr);
+            }
           }
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+            accf[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), sv, accf[r][j]);
         }
       }
       _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {

@@ -45,15 +45,7 @@ AlignedBuffer AlignedBuffer::view(const uint8_t* p, size_t n, std::shared_ptr<co
   return b;
 }
 
-int64_t PackedExperts::group_len() const {
-  return group_size > 0 ? group_size : in_features;
-}
-int64_t PackedExperts::num_groups() const {
-  const int64_t gl = group_len();
-  return gl > 0 ? (in_features + gl - 1) / gl : 0;
-}
 int64_t PackedExperts::padded_k() const { return layout::padded_k(scheme, in_features); }
-int64_t PackedExperts::num_blocks() const { return layout::num_blocks(out_features); }
 
 int64_t PackedExperts::panel_bytes() const { return layout::panel_bytes(scheme, in_features); }
 

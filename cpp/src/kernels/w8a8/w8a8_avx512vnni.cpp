@@ -1,5 +1,5 @@
 // w8a8_avx512vnni.cpp — INT8 weights x per-row INT8 activations, AVX-512 VNNI.
-// Tile: 3 rows x 64 columns (12 zmm accumulators), K step 4 (one vpdpbusd per 64-byte panel row).
+// Tile: 6 rows x 64 columns (24 zmm accumulators, 4 weight registers), K step 4 (one vpdpbusd per 64-byte panel row).
 // Packed weights: common/layout.h int8 panels, stored as w + 128 (unsigned operand of vpdpbusd).
 // Scales: fp32 per (column, group) or per channel.
 // Needs: AVX512F, AVX512BW, AVX512VNNI. Limits: any M, any N; group length <= 65536 (int32 sums).
@@ -9,7 +9,7 @@
 
 namespace moe_cpu {
 extern const KernelDesc kernel_w8a8_avx512vnni{
-    "w8a8_avx512vnni_3x64", Scheme::kInt8W8A8, "avx512vnni", 3, 64, kFeatAvx512 | kFeatAvx512Vnni,
+    "w8a8_avx512vnni_6x64", Scheme::kInt8W8A8, "avx512vnni", 6, 64, kFeatAvx512 | kFeatAvx512Vnni,
     kernels::int8_groups_fit<4>, kernels::drive<kernels::IntVnni<false>::Micro, 6, 4, 4>};
 
 }  // namespace moe_cpu

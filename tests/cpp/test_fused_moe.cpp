@@ -8,6 +8,7 @@
 #include "dispatch/registry.h"
 #include "moe_cpu/cpu_features.h"
 #include "moe_cpu/errors.h"
+#include "moe/activations.h"
 #include "moe_cpu/fused_moe.h"
 #include "test_util.h"
 
@@ -345,6 +346,19 @@ TEST(FusedExperts, DispatchedPathMatchesReferenceForEveryScheme) {
     ASSERT_NE(ref_kernel.find("reference"), std::string::npos);
     std::vector<double> wd(want.begin(), want.end());
     EXPECT_LT(test::rel_max_err(got, wd), is_int_scheme(s) ? 2e-2 : 5e-3) << kernel << " vs " << ref_kernel;
+  }
+}
+
+}  // namespace
+}  // namespace moe_cpu
+
+namespace moe_cpu {
+namespace {
+
+TEST(Activations, SiluMatchesTheFormula) {
+  for (float g = -30.f; g <= 30.f; g += 0.01f) {
+    const double want = g / (1 + std::exp(-double(g)));
+    EXPECT_NEAR(silu(g), want, 4e-7 * std::max(1.0, std::abs(want))) << g;
   }
 }
 

@@ -1,7 +1,8 @@
 // fused_moe.cpp — orchestration of the fused MoE pass, chunk by chunk of tokens: route rows by
-// expert, quantize each token's activations once, GEMM1 as (expert, column tile) tasks, bias +
-// activation + requantization per row, GEMM2 tasks, then each token's top-k rows summed in fp32 in
-// the order j = 0..k-1 and rounded once to the output dtype. Every output element is produced by
+// expert, quantize each token's activations once, GEMM1 as (expert, column tile) tasks with the
+// bias in their epilogue, activation + requantization per row, GEMM2 tasks with bias and router
+// weight in their epilogue, then each token's top-k rows summed in fp32 in the order j = 0..k-1
+// and rounded once to the output dtype. Every output element is produced by
 // one task in a fixed order, so the result does not depend on the thread count.
 #include "moe_cpu/fused_moe.h"
 
@@ -151,15 +152,19 @@ std::vector<Task> tasks_for(const std::vector<int64_t>& begin, int64_t blocks) {
 }
 
 // out[p, :] = GEMM of row p (expert order; row p reads activation row row_idx[p]) with w, as
-// (expert, column tile) tasks.
+// (expert, column tile) tasks. Each task then runs epilogue(e, p, out + p * N, n0, n1) on each of
+// its rows p for its columns [n0, n1), while the tile is still in cache.
+template <class Epilogue>
 void run_gemm(const PackedExperts& w, const std::vector<int64_t>& begin, const ActBuffer& acts,
-              const int32_t* row_idx, float* out) {
+              const int32_t* row_idx, float* out, Epilogue&& epilogue) {
   const int64_t N = w.out_features;
   const std::vector<Task> tasks = tasks_for(begin, w.num_blocks());
   parallel_for(int64_t(tasks.size()), [&](int64_t i) {
     const Task& t = tasks[size_t(i)];
-    const int64_t p0 = begin[size_t(t.e)];
-    w.kernel->gemm(w, t.e, t.b0, t.b1, acts.view(row_idx + p0, begin[size_t(t.e + 1)] - p0), out + p0 * N + 16 * t.b0, N);
+    const int64_t p0 = begin[size_t(t.e)], p1 = begin[size_t(t.e + 1)];
+    w.kernel->gemm(w, t.e, t.b0, t.b1, acts.view(row_idx + p0, p1 - p0), out + p0 * N + 16 * t.b0, N);
+    const int64_t n0 = 16 * t.b0, n1 = std::min(N, 16 * t.b1);
+    for (int64_t p = p0; p < p1; ++p) epilogue(t.e, p, out + p * N, n0, n1);
   });
 }
 
@@ -216,22 +221,29 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   // 3. GEMM1 into c [P, 2I] in expert order.
   c.resize(static_cast<size_t>(P * std::max(N1, H)));
   float* c1 = c.data();
-  run_gemm(w13, begin, a1, a1_idx.data(), c1);
-  // 4. Bias, activation and the GEMM2 activations, per row.
+  // GEMM1 epilogue: + bias.
+  run_gemm(w13, begin, a1, a1_idx.data(), c1, [&](int64_t e, int64_t, float* y, int64_t n0, int64_t n1) {
+    if (a.w13_bias)
+      for (int64_t n = n0; n < n1; ++n) y[n] += a.w13_bias[e * N1 + n];
+  });
+  // 4. Activation and the GEMM2 activations, per row (the int8 scale needs the whole row).
   a2.reset(w2, P);
   parallel_for(P, [&](int64_t p) {
-    const int64_t e = ids[size_t(m0 * k + slot_of[size_t(p)])];
-    float* y = c1 + p * N1;
-    if (a.w13_bias)
-      for (int64_t n = 0; n < N1; ++n) y[n] += a.w13_bias[e * N1 + n];
+    const float* y = c1 + p * N1;
     float* act = worker_row(I);
     apply_activation(a.activation, y, I, act);
     a2.set_row(p, act, "activation output");
   });
   // 5. GEMM2 into c [P, H] (GEMM1's output is dead: a2 holds what GEMM2 reads).
   float* c2 = c.data();
-  run_gemm(w2, begin, a2, iota.data(), c2);
-  // 6. Per token: (row + bias) * router weight, summed over j in order, rounded once.
+  // GEMM2 epilogue: (+ bias) * router weight (1 when it scaled the input).
+  run_gemm(w2, begin, a2, iota.data(), c2, [&](int64_t e, int64_t p, float* y, int64_t n0, int64_t n1) {
+    const float wr = a.apply_router_weight_on_input ? 1.f : a.topk_weights[m0 * k + slot_of[size_t(p)]];
+    const float* bias = a.w2_bias ? a.w2_bias + e * H : nullptr;
+    if (bias) for (int64_t n = n0; n < n1; ++n) y[n] = (y[n] + bias[n]) * wr;
+    else for (int64_t n = n0; n < n1; ++n) y[n] *= wr;
+  });
+  // 6. Per token: its rows summed over j in order, rounded once.
   parallel_for(m1 - m0, [&](int64_t r) {
     const int64_t m = m0 + r;
     float* acc = worker_row(H);
@@ -239,12 +251,8 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
     for (int64_t j = 0; j < k; ++j) {
       const int32_t p = pos_of[size_t(r * k + j)];
       if (p < 0) continue;
-      const int64_t e = ids[size_t(m * k + j)];
-      const float wr = a.apply_router_weight_on_input ? 1.f : a.topk_weights[m * k + j];
       const float* y = c2 + int64_t(p) * H;
-      const float* bias = a.w2_bias ? a.w2_bias + e * H : nullptr;
-      if (bias) for (int64_t h = 0; h < H; ++h) acc[h] += (y[h] + bias[h]) * wr;
-      else for (int64_t h = 0; h < H; ++h) acc[h] += y[h] * wr;
+      for (int64_t h = 0; h < H; ++h) acc[h] += y[h];
     }
     const DType out_type = a.out_f32 ? DType::kF32 : a.dtype;
     for (int64_t h = 0; h < H; ++h) store(a.out, out_type, m * H + h, acc[h]);

@@ -278,7 +278,8 @@ def get_num_threads() -> int:
 def set_scratch_limit(nbytes: int) -> None:
     """Bound ``fused_experts``' scratch memory per calling thread (default 96 MiB). Tokens run in equal
     chunks that fit it; a larger limit gives each expert more rows per pass over its weights (faster
-    prefill on models with many experts). Results do not depend on it."""
+    prefill on models with many experts). With the SIMD kernels results do not depend on it (the
+    Eigen reference kernels' float GEMMs may change in the last bits)."""
     _core.set_scratch_limit(_int_arg(nbytes, "nbytes"))
 
 

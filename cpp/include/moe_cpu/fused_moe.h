@@ -52,7 +52,8 @@ int get_num_threads();
 
 // Bound on fused_experts' per-call scratch in bytes (default 96 MiB). Tokens are processed in equal
 // chunks that fit it (at least one token per chunk); larger chunks reuse each expert's weights
-// over more rows. Results do not depend on it (each token's numbers are computed independently).
+// over more rows. With the SIMD kernels results do not depend on it (each token's numbers are computed
+// independently); the Eigen reference's float GEMMs may change in the last bits.
 void set_scratch_limit(int64_t bytes);
 int64_t get_scratch_limit();
 

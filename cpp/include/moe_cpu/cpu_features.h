@@ -24,8 +24,8 @@ uint64_t detected_features();
 // Features that dispatch may use: detected & the mask set by MOE_CPU_ISA or force_isa().
 uint64_t active_features();
 // Restricts dispatch to an ISA level: "native" (no mask), "reference" (no SIMD), "avx2" (AVX2 + FMA,
-// no AVX-VNNI), "avx2vnni" (AVX2 + AVX-VNNI), "avx512", "neon", "neon_dotprod", "neon_i8mm", "neon_bf16". Throws ValueError for unknown names or for a
-// level this CPU lacks. Affects kernels chosen at later pack time only.
+// no AVX-VNNI), "avx2vnni" (AVX2 + AVX-VNNI), "avx512", "neon", "neon_dotprod", "neon_i8mm",
+// "neon_bf16". Throws ValueError for unknown names or for a level this CPU lacks. Affects kernels chosen at later pack time only.
 void force_isa(const std::string& isa);
 // The current ISA level name ("native" unless forced).
 std::string forced_isa();

@@ -36,7 +36,7 @@ uint8_t float_to_e4m3fn(float f);
 // Returns false if the row has a non-finite value (q is then unspecified).
 inline bool quantize_row_int8(const float* x, int64_t n, int8_t* q, float* s) {
   float amax = 0.f;
-  int bad = 0;  // any x NaN or inf (an integer OR and a max: the loop vectorizes)
+  int bad = 0;  // any x NaN or inf
   for (int64_t i = 0; i < n; ++i) {
     const float ax = std::fabs(x[i]);
     amax = ax > amax ? ax : amax;

@@ -70,27 +70,27 @@ struct IntAvx2 {
                 _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) dpbusd_ymm<D>(acc[r][h], u[H + h], b1);
               }
             }
-            continue;
-          }
-          _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
-            const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
-            if constexpr (kInt4) {
-              const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-              _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-                int32_t a0, a1;
-                std::memcpy(&a0, arow[r] + t * 8, 4);
-                std::memcpy(&a1, arow[r] + t * 8 + 4, 4);
-                const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a0));
-                const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a1));
-                acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones));
-              }
-            } else {
-              const __m256i sw = _mm256_xor_si256(v, flip), aw = _mm256_abs_epi8(sw);
-              _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-                int32_t a0;
-                std::memcpy(&a0, arow[r] + t * 4, 4);
-                const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(a0), sw));
-                acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(p, ones));
+          } else {  // vpmaddubsw + vpmaddwd
+            _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
+              const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
+              if constexpr (kInt4) {
+                const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+                  int32_t a0, a1;
+                  std::memcpy(&a0, arow[r] + t * 8, 4);
+                  std::memcpy(&a1, arow[r] + t * 8 + 4, 4);
+                  const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a0));
+                  const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a1));
+                  acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones));
+                }
+              } else {
+                const __m256i sw = _mm256_xor_si256(v, flip), aw = _mm256_abs_epi8(sw);
+                _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+                  int32_t a0;
+                  std::memcpy(&a0, arow[r] + t * 4, 4);
+                  const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(a0), sw));
+                  acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(p, ones));
+                }
               }
             }
           }

@@ -107,6 +107,35 @@ def test_biases(rng, name, activation):
     run_case(rng, name, E=E, H=H, I=I, M=4, k=2, activation=activation, w13_bias=b13, w2_bias=b2)
 
 
+@pytest.mark.parametrize("activation", ["silu", "swigluoai"])
+@pytest.mark.parametrize("name", ANY_K)
+def test_gemm1_epilogue_pieces(rng, name, activation):
+    """~400 rows per expert and I = 1000 (not a multiple of 16): with 1 thread a GEMM1 task's tile
+    (112 columns) is cut into L2-sized pieces (64 + 48) and the up columns start inside a 16-column
+    block. Against the reference, and 1 vs 2 threads bit for bit."""
+    E, H, I, M = 2, 64, 1000, 800
+    b13 = rng.standard_normal((E, 2 * I)).astype(np.float32)
+    saved = moe_cpu.get_num_threads()
+    try:
+        moe_cpu.set_num_threads(1)
+        got1, _ = run_case(rng, name, E=E, H=H, I=I, M=M, k=1, activation=activation, w13_bias=b13)
+    finally:
+        moe_cpu.set_num_threads(saved)
+    cfg = SCHEME_CONFIGS[name]
+    rng2 = np.random.default_rng(7)
+    _, w13, _, w2 = make_moe(rng2, cfg, E, H, I)
+    x = make_input(rng2, M, H)
+    tw, ids = make_routing(rng2, M, E, 1)
+    outs = []
+    for threads in (1, 2):
+        moe_cpu.set_num_threads(threads)
+        try:
+            outs.append(moe_cpu.fused_experts(x, w13, w2, tw, ids, activation=activation, w13_bias=b13))
+        finally:
+            moe_cpu.set_num_threads(saved)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_router_weight_on_input(rng, name):
     H, I = _shape(name)

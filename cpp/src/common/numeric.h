@@ -32,8 +32,20 @@ inline bool e4m3fn_is_nan(uint8_t c) { return (c & 0x7f) == 0x7f; }
 // Round to nearest even, saturating to +-448 (finite input).
 uint8_t float_to_e4m3fn(float f);
 
-// Per-row symmetric int8: s = amax/127 (1 for an all-zero row), q = rint(x/s) in [-127,127].
-// Returns false if the row has a non-finite value (q is then unspecified).
+// Per-row symmetric int8 from the row's amax = max |x| (finite): s = amax/127 (1 for an all-zero
+// row), q = rint(x/s) in [-127,127].
+inline void quantize_row_int8_amax(const float* x, int64_t n, float amax, int8_t* q, float* s) {
+  const float sc = amax == 0.f ? 1.f : amax / 127.f;
+  // |x/sc| <= 127 (+ rounding): adding and subtracting 1.5 * 2^23 rounds half to even in float32.
+  constexpr float kMagic = 12582912.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = (x[i] / sc + kMagic) - kMagic;
+    q[i] = int8_t(std::min(127.f, std::max(-127.f, v)));
+  }
+  *s = sc;
+}
+
+// The same, amax found here. Returns false if the row has a non-finite value (q is then unspecified).
 inline bool quantize_row_int8(const float* x, int64_t n, int8_t* q, float* s) {
   float amax = 0.f;
   int bad = 0;  // any x NaN or inf
@@ -43,14 +55,7 @@ inline bool quantize_row_int8(const float* x, int64_t n, int8_t* q, float* s) {
     bad |= !(ax <= 3.40282347e38f);
   }
   if (bad) return false;
-  const float sc = amax == 0.f ? 1.f : amax / 127.f;
-  // |x/sc| <= 127 (+ rounding): adding and subtracting 1.5 * 2^23 rounds half to even in float32.
-  constexpr float kMagic = 12582912.f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = (x[i] / sc + kMagic) - kMagic;
-    q[i] = int8_t(std::min(127.f, std::max(-127.f, v)));
-  }
-  *s = sc;
+  quantize_row_int8_amax(x, n, amax, q, s);
   return true;
 }
 

@@ -1,4 +1,4 @@
-// activations.h — gated activations on one GEMM1 output row y[2I] -> out[I], in fp32.
+// activations.h — gated activations of GEMM1 gate and up values, in fp32.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -17,35 +17,37 @@ inline float swiglu_oai(float g, float u) {
   return (u + 1.f) * g / (1.f + std::exp(-1.702f * g));
 }
 
-inline void apply_activation(Activation act, const float* y, int64_t I, float* out) {
+// out[i] = act(g[i * st], u[i * st]) for i < n: the gated activation of gate and up values that
+// GEMM1 produced (st = 2 when they are interleaved, gpt-oss style).
+inline void gated_activation(Activation act, const float* g, const float* u, int64_t st, int64_t n, float* out) {
   constexpr float kSqrt1_2 = 0.70710678118654752f, kSqrt2OverPi = 0.79788456080286536f;
   switch (act) {
     case Activation::kSilu:
-      for (int64_t i = 0; i < I; ++i) out[i] = silu(y[i]) * y[I + i];
+      for (int64_t i = 0; i < n; ++i) out[i] = silu(g[i * st]) * u[i * st];
       break;
     case Activation::kGelu:
-      for (int64_t i = 0; i < I; ++i) {
-        const float g = y[i];
-        out[i] = 0.5f * g * (1.f + std::erf(g * kSqrt1_2)) * y[I + i];
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = g[i * st];
+        out[i] = 0.5f * x * (1.f + std::erf(x * kSqrt1_2)) * u[i * st];
       }
       break;
     case Activation::kGeluTanh:
-      for (int64_t i = 0; i < I; ++i) {
-        const float g = y[i];
-        out[i] = 0.5f * g * (1.f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * y[I + i];
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = g[i * st];
+        out[i] = 0.5f * x * (1.f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x))) * u[i * st];
       }
       break;
     case Activation::kSwigluStep:
-      for (int64_t i = 0; i < I; ++i)
-        out[i] = std::min(silu(y[i]), 7.f) * std::clamp(y[I + i], -7.f, 7.f);
+      for (int64_t i = 0; i < n; ++i) out[i] = std::min(silu(g[i * st]), 7.f) * std::clamp(u[i * st], -7.f, 7.f);
       break;
-    case Activation::kSwigluOai:  // gate and up interleaved
-      for (int64_t i = 0; i < I; ++i) out[i] = swiglu_oai(y[2 * i], y[2 * i + 1]);
-      break;
+    case Activation::kSwigluOai:
     case Activation::kSwigluOaiUninterleave:
-      for (int64_t i = 0; i < I; ++i) out[i] = swiglu_oai(y[i], y[I + i]);
+      for (int64_t i = 0; i < n; ++i) out[i] = swiglu_oai(g[i * st], u[i * st]);
       break;
   }
 }
+
+// True when GEMM1's gate and up columns alternate (gate 2i, up 2i + 1) rather than [gate; up].
+inline bool gate_up_interleaved(Activation act) { return act == Activation::kSwigluOai; }
 
 }  // namespace moe_cpu

@@ -1,14 +1,15 @@
 // fused_moe.cpp — orchestration of the fused MoE pass, chunk by chunk of tokens: route rows by
-// expert, quantize each token's activations once, GEMM1 as (expert, column tile) tasks with the
-// bias in their epilogue, activation + requantization per row, GEMM2 tasks with bias and router
-// weight in their epilogue, then each token's top-k rows summed in fp32 in the order j = 0..k-1
-// and rounded once to the output dtype. Every output element is produced by
-// one task in a fixed order, so the result does not depend on the thread count.
+// expert, quantize each token's activations once, GEMM1 as (expert, column tile) tasks with bias,
+// activation and GEMM2's activation quantization in their epilogue, GEMM2 tasks with bias and
+// router weight in their epilogue, then each token's top-k rows summed in fp32 in the order
+// j = 0..k-1 and rounded once to the output dtype. Every output element is produced by one task
+// in a fixed order, so the result does not depend on the thread count.
 #include "moe_cpu/fused_moe.h"
 
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "common/layout.h"
@@ -59,9 +60,19 @@ struct ActBuffer {
       return;
     }
     int8_t* qr = q.data() + row * Kp;
-    for (int64_t k = K; k < Kp; ++k) qr[k] = 0;
     if (!quantize_row_int8(x, K, qr, &s[size_t(row)]))
       throw ValueError(msg("non-finite ", what, " cannot be quantized to int8 (check the inputs and weights for overflow)"));
+    finish_int_row(row);
+  }
+  // Int schemes: row `row` from x[K] whose amax = max |x| is known and finite.
+  void set_int_row(int64_t row, const float* x, float amax) {
+    quantize_row_int8_amax(x, K, amax, q.data() + row * Kp, &s[size_t(row)]);
+    finish_int_row(row);
+  }
+  // Int schemes, once the codes [0, K) are set: zero padding and per-group code sums.
+  void finish_int_row(int64_t row) {
+    int8_t* qr = q.data() + row * Kp;
+    for (int64_t k = K; k < Kp; ++k) qr[k] = 0;
     for (int64_t gi = 0; gi < G; ++gi) {
       int32_t sum = 0;
       for (int64_t k = gi * gl; k < std::min(K, (gi + 1) * gl); ++k) sum += qr[k];
@@ -168,13 +179,6 @@ void run_gemm(const PackedExperts& w, const std::vector<int64_t>& begin, const A
   });
 }
 
-// Per-calling-thread scratch, kept between calls so that large buffers are not faulted in anew.
-// c holds GEMM1's output [P, 2I], then (once the activations are quantized) GEMM2's [P, H].
-struct Scratch {
-  ActBuffer a1, a2;
-  std::vector<float> c;
-};
-
 // A per-worker fp32 row of n floats (thread-local, reused).
 float* worker_row(int64_t n) {
   thread_local std::vector<float> row;
@@ -182,13 +186,104 @@ float* worker_row(int64_t n) {
   return row.data();
 }
 
+// A per-worker fp32 buffer of n floats (thread-local, reused).
+float* worker_tile(int64_t n) {
+  thread_local std::vector<float> tile;
+  if (tile.size() < size_t(n)) tile.resize(size_t(n));
+  return tile.data();
+}
+
+constexpr int64_t kPieceBytes = 192 << 10;  // a GEMM1 piece's gate + up tile stays in L2
+
+// GEMM1 with the activation and GEMM2's activation quantization in its epilogue, as (expert,
+// activation column tile) tasks. A task computes the gate and up columns of its tile in pieces
+// that fit L2, adds the bias and applies the activation to each piece. bf16 / fp8: it writes the
+// bf16 GEMM2 activations. Int schemes: it writes the fp32 values to h [P, I] and each row's amax
+// over the piece; the task that finishes an expert's last tile quantizes that expert's rows.
+void run_gemm1(const FusedMoeArgs& a, const std::vector<int64_t>& begin, const ActBuffer& a1,
+               const int32_t* a1_idx, ActBuffer& a2, float* h, std::vector<uint32_t>& amax) {
+  const PackedExperts& w = *a.w13;
+  const int64_t E = w.num_experts, I = a.w2->in_features, N1 = 2 * I;
+  const bool il = gate_up_interleaved(a.activation), int_scheme = is_int_scheme(w.scheme);
+  const std::vector<Task> tasks = tasks_for(begin, (I + 15) / 16);
+  const int64_t T = tasks.empty() ? 0 : (tasks[0].b1 - tasks[0].b0);  // tile width in blocks
+  const int64_t tiles = T ? ((I + 15) / 16 + T - 1) / T : 0;         // tiles per expert
+  std::unique_ptr<std::atomic<int64_t>[]> left(new std::atomic<int64_t>[size_t(E)]);
+  for (int64_t e = 0; e < E; ++e) left[size_t(e)].store(tiles, std::memory_order_relaxed);
+  if (int_scheme) amax.assign(size_t(begin[size_t(E)] * tiles), 0);
+  parallel_for(int64_t(tasks.size()), [&](int64_t i) {
+    const Task& t = tasks[size_t(i)];
+    const int64_t p0 = begin[size_t(t.e)], R = begin[size_t(t.e + 1)] - p0, ti = t.b0 / T;
+    const ActRows rows = a1.view(a1_idx + p0, R);
+    const float* bias = a.w13_bias ? a.w13_bias + t.e * N1 : nullptr;
+    const int64_t n_end = std::min(I, 16 * t.b1);
+    const int64_t piece = std::max<int64_t>(64, kPieceBytes / (8 * R) / 64 * 64);
+    for (int64_t s0 = 16 * t.b0; s0 < n_end; s0 += piece) {
+      const int64_t n = std::min(n_end, s0 + piece) - s0;
+      // Gate value i of row r at g[r * ld + i * st] (column gc(i) of w13), up value at u[...] (uc(i)).
+      float *g, *u;
+      int64_t ld, st, gc0, uc0;
+      if (il) {  // columns [2 s0, 2 (s0 + n)) in one run: gate 2i, up 2i + 1
+        const int64_t b0 = 2 * s0 / 16, b1 = (2 * (s0 + n) + 15) / 16;
+        ld = 16 * (b1 - b0), st = 2, gc0 = 2 * s0, uc0 = 2 * s0 + 1;
+        g = worker_tile(R * ld), u = g + 1;
+        w.kernel->gemm(w, t.e, b0, b1, rows, g, ld);
+      } else {  // gate columns [s0, s0 + n), up columns I + [s0, s0 + n) (blocks may start before)
+        const int64_t gb0 = s0 / 16, gb1 = (s0 + n + 15) / 16, ub0 = (I + s0) / 16, ub1 = (I + s0 + n + 15) / 16;
+        const int64_t gw = 16 * (gb1 - gb0);
+        ld = gw + 16 * (ub1 - ub0), st = 1, gc0 = s0, uc0 = I + s0;
+        g = worker_tile(R * ld), u = g + gw + (I + s0 - 16 * ub0);
+        w.kernel->gemm(w, t.e, gb0, gb1, rows, g, ld);
+        w.kernel->gemm(w, t.e, ub0, ub1, rows, g + gw, ld);
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        float *gr = g + r * ld, *ur = u + r * ld;
+        if (bias)
+          for (int64_t j = 0; j < n; ++j) gr[j * st] += bias[gc0 + j * st], ur[j * st] += bias[uc0 + j * st];
+        const int64_t p = p0 + r;
+        if (!int_scheme) {
+          float* out = worker_row(n);
+          gated_activation(a.activation, gr, ur, st, n, out);
+          uint16_t* br = a2.b.data() + p * a2.Kp + s0;
+          for (int64_t j = 0; j < n; ++j) br[j] = float_to_bf16(out[j]);
+          if (s0 + n == I) std::fill(br + n, br + (a2.Kp - s0), uint16_t(0));
+          continue;
+        }
+        float* out = h + p * I + s0;
+        gated_activation(a.activation, gr, ur, st, n, out);
+        uint32_t m = amax[size_t(p * tiles + ti)];  // max of |value| bits: NaN and inf order above
+        for (int64_t j = 0; j < n; ++j) m = std::max(m, float_to_bits(out[j]) & 0x7fffffffu);
+        amax[size_t(p * tiles + ti)] = m;
+      }
+    }
+    if (!int_scheme || left[size_t(t.e)].fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    for (int64_t p = p0; p < p0 + R; ++p) {  // the expert's last tile: quantize its rows
+      uint32_t m = 0;
+      for (int64_t j = 0; j < tiles; ++j) m = std::max(m, amax[size_t(p * tiles + j)]);
+      if (m > 0x7f7fffffu)
+        throw ValueError("non-finite activation output cannot be quantized to int8 (check the inputs and "
+                         "weights for overflow)");
+      a2.set_int_row(p, h + p * I, bits_to_float(m));
+    }
+  });
+}
+
+// Per-calling-thread scratch, kept between calls so that large buffers are not faulted in anew.
+// c holds GEMM1's activations [P, I] (int schemes), then (once quantized) GEMM2's output [P, H];
+// amax the int schemes' per (row, GEMM1 tile) amax bits.
+struct Scratch {
+  ActBuffer a1, a2;
+  std::vector<float> c;
+  std::vector<uint32_t> amax;
+};
+
 // One chunk of tokens [m0, m1): every phase runs over all experts before the next one starts.
 void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m0, int64_t m1) {
   thread_local Scratch scratch;
   ActBuffer &a1 = scratch.a1, &a2 = scratch.a2;
   std::vector<float>& c = scratch.c;
   const PackedExperts &w13 = *a.w13, &w2 = *a.w2;
-  const int64_t E = w13.num_experts, H = a.H, I = w2.in_features, k = a.k, N1 = 2 * I;
+  const int64_t E = w13.num_experts, H = a.H, I = w2.in_features, k = a.k;
   // 1. Rows by expert: position p of slot s (slots are m*k + j, local to the chunk).
   const int64_t S = (m1 - m0) * k;
   std::vector<int64_t> begin(static_cast<size_t>(E + 1), 0);
@@ -218,23 +313,12 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   });
   std::vector<int32_t> a1_idx(static_cast<size_t>(P)), iota(static_cast<size_t>(P));
   for (int64_t p = 0; p < P; ++p) a1_idx[size_t(p)] = per_slot ? slot_of[size_t(p)] : slot_of[size_t(p)] / int32_t(k), iota[size_t(p)] = int32_t(p);
-  // 3. GEMM1 into c [P, 2I] in expert order.
-  c.resize(static_cast<size_t>(P * std::max(N1, H)));
-  float* c1 = c.data();
-  // GEMM1 epilogue: + bias.
-  run_gemm(w13, begin, a1, a1_idx.data(), c1, [&](int64_t e, int64_t, float* y, int64_t n0, int64_t n1) {
-    if (a.w13_bias)
-      for (int64_t n = n0; n < n1; ++n) y[n] += a.w13_bias[e * N1 + n];
-  });
-  // 4. Activation and the GEMM2 activations, per row (the int8 scale needs the whole row).
+  // 3. GEMM1 with the activation and the GEMM2 activations in its epilogue (int schemes: the fp32
+  // activations go to c [P, I] first).
+  c.resize(static_cast<size_t>(P * std::max(I, H)));
   a2.reset(w2, P);
-  parallel_for(P, [&](int64_t p) {
-    const float* y = c1 + p * N1;
-    float* act = worker_row(I);
-    apply_activation(a.activation, y, I, act);
-    a2.set_row(p, act, "activation output");
-  });
-  // 5. GEMM2 into c [P, H] (GEMM1's output is dead: a2 holds what GEMM2 reads).
+  run_gemm1(a, begin, a1, a1_idx.data(), a2, c.data(), scratch.amax);
+  // 4. GEMM2 into c [P, H] (GEMM1's output is dead: a2 holds what GEMM2 reads).
   float* c2 = c.data();
   // GEMM2 epilogue: (+ bias) * router weight (1 when it scaled the input).
   run_gemm(w2, begin, a2, iota.data(), c2, [&](int64_t e, int64_t p, float* y, int64_t n0, int64_t n1) {
@@ -243,7 +327,7 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
     if (bias) for (int64_t n = n0; n < n1; ++n) y[n] = (y[n] + bias[n]) * wr;
     else for (int64_t n = n0; n < n1; ++n) y[n] *= wr;
   });
-  // 6. Per token: its rows summed over j in order, rounded once.
+  // 5. Per token: its rows summed over j in order, rounded once.
   parallel_for(m1 - m0, [&](int64_t r) {
     const int64_t m = m0 + r;
     float* acc = worker_row(H);
@@ -271,14 +355,17 @@ void fused_experts(const FusedMoeArgs& a) {
   check_args(a);
   if (a.M == 0) return;
   const std::vector<int32_t> ids = local_ids(a, a.w13->num_experts);
-  // Tokens per chunk: bounded scratch. Per token: k rows of c (fp32, max(2I, H)), k GEMM2 activation
-  // rows (I codes or bf16) and 1 (or k, router weight on input) GEMM1 activation rows (H).
+  // Tokens per chunk: bounded scratch. Per token: k rows of c (fp32, max(I, H)), k GEMM2 activation
+  // rows (I codes or bf16) with their GEMM1 tiles' amax, 1 (or k, router weight on input) GEMM1
+  // activation rows (H), and per worker a row of a GEMM1 piece (fp32, at most 2 * 64 + 32 columns,
+  // when an expert's rows outgrow kPieceBytes).
   const auto act_row = [](const PackedExperts& w) {  // ActBuffer bytes per row
     return is_int_scheme(w.scheme) ? w.padded_k() + 4 + 4 * w.num_groups() : 2 * w.padded_k();
   };
-  const int64_t a1_rows = a.apply_router_weight_on_input ? a.k : 1;
-  const int64_t per_token =
-      a.k * std::max(2 * a.w2->in_features, a.H) * 4 + a.k * act_row(*a.w2) + a1_rows * act_row(*a.w13);
+  const int64_t I = a.w2->in_features, a1_rows = a.apply_router_weight_on_input ? a.k : 1;
+  const int64_t amax_row = is_int_scheme(a.w2->scheme) ? 4 * (((I + 15) / 16 + kMinTileBlocks - 1) / kMinTileBlocks) : 0;
+  const int64_t per_token = a.k * std::max(I, a.H) * 4 + a.k * (act_row(*a.w2) + amax_row) +
+                            a1_rows * act_row(*a.w13) + get_num_threads() * (2 * 64 + 32) * 4;
   const int64_t most = std::max<int64_t>(1, std::min<int64_t>(a.M, get_scratch_limit() / std::max<int64_t>(1, per_token)));
   const int64_t chunks = (a.M + most - 1) / most, chunk = (a.M + chunks - 1) / chunks;  // equal chunks
   for (int64_t m0 = 0; m0 < a.M; m0 += chunk) run_chunk(a, ids, m0, std::min(a.M, m0 + chunk));

@@ -113,8 +113,9 @@ INSTANTIATE_TEST_SUITE_P(Groups, Int4RoundTrip,
 
 TEST(Int8, RoundTripPerChannelAndGrouped) {
   auto g = test::rng_for_test();
-  for (int64_t group : {int64_t(-1), int64_t(16)}) {
-    const int64_t E = 2, N = 3, K = 48, G = group > 0 ? K / group : 1;
+  for (int64_t group : {int64_t(-1), int64_t(16), int64_t(-13)}) {  // -13: per channel, K = 13
+    const int64_t E = 2, N = 3, K = group == -13 ? 13 : 48, G = group > 0 ? K / group : 1;
+    group = std::max<int64_t>(group, -1);
     auto q = test::ints(g, E * N * K, -128, 127);
     auto s = test::gaussian(g, E * N * G);
     PackedExperts p = pack_int8(q.data(), E, N, K, s.data(), group);
@@ -161,6 +162,27 @@ TEST(PackErrors, RejectBadInput) {
   std::vector<uint8_t> nan_code = {0x7f};
   float one = 1.f;
   EXPECT_THROW(pack_fp8(nan_code.data(), 1, 1, 1, &one, 1, 1), ValueError);
+}
+
+// The int4 range check sees every position: whole k-steps (8 codes per load) and the partial last
+// one (K = 21), with and without zero points; the error names the first bad flat index.
+TEST(PackErrors, Int4RangeAtEveryPosition) {
+  const int64_t N = 3, K = 21;
+  std::vector<float> s(N, 1.f);
+  for (bool zp : {false, true}) {
+    std::vector<uint8_t> z(N, 0);
+    for (int bad : zp ? std::vector<int>{16, 128, 255} : std::vector<int>{-128, -9, 8, 127})
+      for (int64_t i = 0; i < N * K; ++i) {
+        std::vector<int8_t> q(size_t(N * K), int8_t(zp ? 15 : -8));
+        q[size_t(i)] = int8_t(bad);
+        try {
+          pack_int4(q.data(), 1, N, K, s.data(), -1, zp ? z.data() : nullptr);
+          FAIL() << "accepted " << bad << " at " << i;
+        } catch (const ValueError& e) {
+          EXPECT_NE(std::string(e.what()).find("flat index " + std::to_string(i) + " ="), std::string::npos) << e.what();
+        }
+      }
+  }
 }
 
 TEST(Quantize, FollowsTheRules) {

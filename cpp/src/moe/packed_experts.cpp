@@ -143,36 +143,65 @@ PackedExperts make(Scheme s, int64_t E, int64_t N, int64_t K, int64_t g) {
   return p;
 }
 
-// Writes every panel: code(row, k) is the stored code of row e*N+n at k < K (padding stays 0).
-// One task per (expert, column block); the scheme is a template parameter, so the k-step loop
-// has no per-element dispatch.
-template <Scheme S, class F>
-void fill_panels(PackedExperts& p, F&& code) {
-  constexpr int64_t step = S == Scheme::kInt4W4A8 ? 8 : S == Scheme::kInt8W8A8 ? 4 : 2;
-  constexpr int64_t sb = S == Scheme::kFp8W8A16 ? 32 : 64, width = S == Scheme::kInt4W4A8 || S == Scheme::kInt8W8A8 ? 4 : 2;
-  const int64_t N = p.out_features, K = p.in_features, NB = p.num_blocks(), full = K / step;
+// Writes every panel from the codes src [E*N, K] (`elt` bytes each): a k-step of one row is the
+// sizeof(W) consecutive source bytes, stored XOR `flip` (int8: q + 128 is q ^ 0x80 per byte) at
+// panel + t * step_bytes + sizeof(W) * c. The last, partial k-step keeps its padding 0.
+template <class W>
+void fill_panels(PackedExperts& p, const void* src, int64_t elt, W flip) {
+  const int64_t N = p.out_features, K = p.in_features, NB = p.num_blocks(), sb = layout::step_bytes(p.scheme);
+  const int64_t row_bytes = K * elt, full = row_bytes / int64_t(sizeof(W)), rest = row_bytes % int64_t(sizeof(W));
   parallel_for(p.num_experts * NB, [&](int64_t eb) {
     const int64_t e = eb / NB, b = eb % NB;
     uint8_t* panel = const_cast<uint8_t*>(p.panel(e, b));
     for (int64_t c = 0; c < 16 && 16 * b + c < N; ++c) {
-      const int64_t row = e * N + 16 * b + c;
-      auto put = [&](int64_t t, int64_t i, unsigned v) {  // k = t * step + i
-        uint8_t* r = panel + t * sb;
-        if constexpr (S == Scheme::kInt4W4A8) r[4 * c + i % 4] |= uint8_t(i < 4 ? v : v << 4);
-        else if constexpr (S == Scheme::kBf16) reinterpret_cast<uint16_t*>(r)[width * c + i] = uint16_t(v);
-        else r[width * c + i] = uint8_t(v);
-      };
+      const uint8_t* row = static_cast<const uint8_t*>(src) + (e * N + 16 * b + c) * row_bytes;
+      W w;
       for (int64_t t = 0; t < full; ++t) {
-        if constexpr (S == Scheme::kInt4W4A8) {  // whole bytes: k0 + i low, k0 + 4 + i high
-          uint8_t* r = panel + t * sb + 4 * c;
-          for (int64_t i = 0; i < 4; ++i) r[i] = uint8_t(code(row, 8 * t + i) | (code(row, 8 * t + 4 + i) << 4));
-        } else {
-          for (int64_t i = 0; i < step; ++i) put(t, i, code(row, t * step + i));
-        }
+        std::memcpy(&w, row + t * int64_t(sizeof(W)), sizeof(W));
+        w ^= flip;
+        std::memcpy(panel + t * sb + int64_t(sizeof(W)) * c, &w, sizeof(W));
       }
-      for (int64_t k = full * step; k < K; ++k) put(full, k - full * step, code(row, k));
+      if (rest) {
+        w = 0;
+        std::memcpy(&w, row + full * int64_t(sizeof(W)), size_t(rest));
+        w ^= flip;
+        std::memcpy(panel + full * sb + int64_t(sizeof(W)) * c, &w, size_t(rest));
+      }
     }
   });
+}
+
+// int4 panels straight from the codes q [E*N, K]: stored nibble u = q + 8 (zp: q itself). A whole
+// k-step is one 8-byte load, a bytewise add (SWAR, no carries between bytes) and one 4-byte store
+// of (u[i] | u[i + 4] << 4). Returns false if some u is outside [0, 15].
+bool fill_int4_panels(PackedExperts& p, const int8_t* q, bool zp) {
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the SWAR packing assumes little endian");
+  const int64_t N = p.out_features, K = p.in_features, NB = p.num_blocks(), full = K / 8;
+  std::atomic<bool> bad{false};
+  parallel_for(p.num_experts * NB, [&](int64_t eb) {
+    const int64_t e = eb / NB, b = eb % NB;
+    uint8_t* panel = const_cast<uint8_t*>(p.panel(e, b));
+    uint64_t high = 0;  // OR of the high nibbles of every u: nonzero = out of range
+    for (int64_t c = 0; c < 16 && 16 * b + c < N; ++c) {
+      const int8_t* src = q + (e * N + 16 * b + c) * K;
+      for (int64_t t = 0; t < full; ++t) {
+        uint64_t x;
+        std::memcpy(&x, src + 8 * t, 8);
+        const uint64_t u = zp ? x : ((x & 0x7f7f7f7f7f7f7f7full) + 0x0808080808080808ull) ^ (x & 0x8080808080808080ull);
+        high |= u;
+        const uint32_t word = uint32_t(u) | (uint32_t(u >> 32) << 4);
+        std::memcpy(panel + t * 64 + 4 * c, &word, 4);
+      }
+      for (int64_t k = 8 * full; k < K; ++k) {  // the last, partial k-step (the rest stays 0)
+        const unsigned u = zp ? unsigned(uint8_t(src[k])) : unsigned(uint8_t(src[k] + 8));
+        high |= u;
+        const int64_t i = k - 8 * full;
+        panel[full * 64 + 4 * c + i % 4] |= uint8_t((u & 15u) << (i < 4 ? 0 : 4));
+      }
+    }
+    if (high & 0xf0f0f0f0f0f0f0f0ull) bad.store(true, std::memory_order_relaxed);
+  });
+  return !bad;
 }
 
 // First flat index i with bad(i), or -1. Rows are checked in parallel: row_ok(r) is a fast,
@@ -243,12 +272,7 @@ PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
   if (zp) p.zeros = blocked<uint8_t>(p, [&](int64_t e, int64_t n, int64_t gi) { return zeros[(e * N + n) * G + gi]; });
   // One pass: the stored nibble u is q + 8 (or q itself with zero points) and must be in [0, 15];
   // a value outside flags the pack, and only then is the input scanned for the first bad index.
-  std::atomic<bool> out_of_range{false};
-  fill_panels<Scheme::kInt4W4A8>(p, [&](int64_t row, int64_t k) {
-    const unsigned u = zp ? unsigned(uint8_t(q[row * K + k])) : unsigned(q[row * K + k] + 8);
-    if (u > 15) out_of_range.store(true, std::memory_order_relaxed);
-    return u & 15u;
-  });
+  const bool out_of_range = !fill_int4_panels(p, q, zp);
   if (out_of_range) {
     const int64_t bad = zp ? find_outside(reinterpret_cast<const uint8_t*>(q), E * N, K, 0, 15)
                            : find_outside(q, E * N, K, -8, 7);
@@ -267,7 +291,7 @@ PackedExperts pack_int8(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
   const int64_t G = p.num_groups();
   check_scales(scales, E * N * G, "scales");
   p.scales = blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) { return scales[(e * N + n) * G + gi]; });
-  fill_panels<Scheme::kInt8W8A8>(p, [&](int64_t row, int64_t k) { return unsigned(q[row * K + k] + 128); });
+  fill_panels<uint32_t>(p, q, 1, 0x80808080u);
   p.kernel = select_kernel(p);
   return p;
 }
@@ -289,7 +313,7 @@ PackedExperts pack_fp8(const uint8_t* codes, int64_t E, int64_t N, int64_t K, co
   p.scales = blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) {
     return scale_inv[(e * nbn + n / block_n) * kb + gi];
   });
-  fill_panels<Scheme::kFp8W8A16>(p, [&](int64_t row, int64_t k) { return unsigned(codes[row * K + k]); });
+  fill_panels<uint16_t>(p, codes, 1, 0);
   p.kernel = select_kernel(p);
   return p;
 }
@@ -301,7 +325,7 @@ PackedExperts pack_bf16(const uint16_t* bits, int64_t E, int64_t N, int64_t K) {
   if (bad >= 0)
     throw ValueError(msg("weight flat index ", bad, " is not finite (bf16 bits 0x", std::hex, bits[bad],
                          "); weights must be finite"));
-  fill_panels<Scheme::kBf16>(p, [&](int64_t row, int64_t k) { return unsigned(bits[row * K + k]); });
+  fill_panels<uint32_t>(p, bits, 2, 0u);
   p.kernel = select_kernel(p);
   return p;
 }

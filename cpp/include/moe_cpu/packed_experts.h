@@ -15,7 +15,12 @@ namespace moe_cpu {
 
 struct KernelDesc;  // dispatch/registry.h
 
-// 64-byte aligned, zero-initialised byte buffer.
+struct BufferFree {
+  size_t mapped = 0;  // bytes of an own mmap (large buffers), else 0: std::free
+  void operator()(uint8_t* p) const;
+};
+
+// 64-byte aligned (2 MiB from 2 MiB on), zero-initialised byte buffer.
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
@@ -29,8 +34,7 @@ class AlignedBuffer {
   template <class T> const T* as() const { return reinterpret_cast<const T*>(data()); }
 
  private:
-  struct Free { void operator()(uint8_t* p) const; };
-  std::unique_ptr<uint8_t, Free> ptr_;
+  std::unique_ptr<uint8_t, BufferFree> ptr_;
   size_t size_ = 0;
   uint8_t* view_ = nullptr;              // set for views: ptr_ is then empty
   std::shared_ptr<const void> owner_;

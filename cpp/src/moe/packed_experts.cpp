@@ -18,24 +18,34 @@
 namespace moe_cpu {
 
 AlignedBuffer::AlignedBuffer(size_t bytes) : size_(bytes) {
-  // Large buffers are 2 MiB aligned and asked to live on huge pages: fewer page faults at pack time
-  // and fewer TLB misses when a kernel streams a cold expert.
+  // Large buffers are their own 2 MiB-aligned anonymous mapping, asked to live on huge pages: the
+  // kernel hands out zeroed pages (no second zeroing pass here), fewer page faults at pack time and
+  // fewer TLB misses when a kernel streams a cold expert. Small ones: aligned_alloc + memset.
   constexpr size_t kHuge = size_t(2) << 20;
-  const size_t align = bytes >= kHuge ? kHuge : 64;
-  const size_t rounded = std::max<size_t>((bytes + align - 1) / align * align, 64);
-  uint8_t* p = static_cast<uint8_t*>(std::aligned_alloc(align, rounded));
+  if (bytes >= kHuge) {
+    const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge, span = rounded + kHuge;
+    void* m = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) throw std::bad_alloc();
+    uint8_t* base = static_cast<uint8_t*>(m);
+    uint8_t* p = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(base) + kHuge - 1) / kHuge * kHuge);
+    if (p > base) munmap(base, size_t(p - base));  // trim to the aligned span
+    if (base + span > p + rounded) munmap(p + rounded, size_t(base + span - (p + rounded)));
 #ifdef MADV_HUGEPAGE
-  if (p && align == kHuge) madvise(p, rounded, MADV_HUGEPAGE);
+    madvise(p, rounded, MADV_HUGEPAGE);
 #endif
+    ptr_ = std::unique_ptr<uint8_t, BufferFree>(p, BufferFree{rounded});
+    return;
+  }
+  const size_t rounded = std::max<size_t>((bytes + 63) / 64 * 64, 64);
+  uint8_t* p = static_cast<uint8_t*>(std::aligned_alloc(64, rounded));
   if (!p) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
   ptr_.reset(p);
-  const int64_t chunks = int64_t((rounded + (1 << 20) - 1) >> 20);  // zero in 1 MiB pieces, in parallel
-  parallel_for(std::max<int64_t>(chunks, 1), [&](int64_t i) {
-    const size_t off = size_t(i) << 20;
-    std::memset(p + off, 0, std::min<size_t>(size_t(1) << 20, rounded - off));
-  });
 }
-void AlignedBuffer::Free::operator()(uint8_t* p) const { std::free(p); }
+void BufferFree::operator()(uint8_t* p) const {
+  if (mapped) munmap(p, mapped);
+  else std::free(p);
+}
 
 AlignedBuffer AlignedBuffer::view(const uint8_t* p, size_t n, std::shared_ptr<const void> owner) {
   AlignedBuffer b;

@@ -19,7 +19,7 @@ DOT = ("vpdpbusd", "vdpbf16ps", "vpmaddubsw", "vfmadd231ps", "vfmadd213ps", "vfm
        "smmla", "bfmmla")
 TILES = {  # kernel file -> the tile template that does the work at M >= 64
     "w4a8_avx512vnni": "Micro<6, 2>", "w8a8_avx512vnni": "Micro<6, 4>",
-    "bf16_avx512bf16": "Micro<4, 4>", "fp8w_avx512bf16": "Micro<8, 1>",
+    "bf16_avx512bf16": "Micro<4, 4>", "fp8w_avx512bf16": "Micro<8, 1>", "fp8w_avx512vbmi": "Micro<8, 1>",
     "w4a8_avx2vnni": "Micro<4, 1>", "w8a8_avx2vnni": "Micro<4, 1>",
     "w4a8_avx2": "Micro<4, 1>", "w8a8_avx2": "Micro<4, 1>", "bf16_avx2": "Micro<4, 1>", "fp8w_avx2": "Micro<4, 1>",
     "w4a8_neon_dotprod": "Micro<4, 1>", "w8a8_neon_dotprod": "Micro<4, 1>", "bf16_neon": "Micro<4, 1>",

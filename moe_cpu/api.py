@@ -300,7 +300,7 @@ def cpu_features() -> dict:
 
 
 def force_isa(isa: str) -> None:
-    """Restrict dispatch to an ISA level ("native", "reference", "avx2", "avx2vnni", "avx512", "neon", ...),
+    """Restrict dispatch to an ISA level ("native", "reference", "avx2", "avx2vnni", "avx512", "avx512_novbmi", "neon", ...),
     like the ``MOE_CPU_ISA`` environment variable. Applies to weights packed afterwards."""
     if not isinstance(isa, str):
         raise TypeError("isa must be a str")

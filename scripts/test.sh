@@ -24,7 +24,7 @@ done
 LEVELS=$(cd tests && python3 -c "
 import moe_cpu
 f = set(moe_cpu.cpu_features()['detected'])
-print(' '.join(['native'] + [l for l, need in (('avx512', 'avx512'), ('avx2vnni', 'avx_vnni'), ('avx2', 'avx2'), ('neon', 'neon')) if need in f] + ['reference']))")
+print(' '.join(['native'] + [l for l, need in (('avx512', 'avx512'), ('avx512_novbmi', 'avx512_vbmi'), ('avx2vnni', 'avx_vnni'), ('avx2', 'avx2'), ('neon', 'neon')) if need in f] + ['reference']))")
 for level in $LEVELS; do
   echo "== pytest, MOE_CPU_ISA=$level"
   (cd tests && MOE_CPU_ISA=$level python3 -m pytest -q -p no:cacheprovider python)

@@ -19,7 +19,8 @@ ALLOWED = {
     "reference": {"reference"},
     "avx2": {"avx2", "reference"},
     "avx2vnni": {"avx2vnni", "avx2", "reference"},
-    "avx512": {"avx512vnni", "avx512bf16", "avx2", "avx2vnni", "reference"},
+    "avx512": {"avx512vnni", "avx512vbmi", "avx512bf16", "avx2", "avx2vnni", "reference"},
+    "avx512_novbmi": {"avx512vnni", "avx512bf16", "avx2", "avx2vnni", "reference"},
 }
 
 
@@ -42,9 +43,11 @@ def test_forced_level_is_the_path_taken(scheme):
         assert isa in ALLOWED[LEVEL], f"MOE_CPU_ISA={LEVEL} but {scheme} runs {isa}"
     # The best path the level admits on this CPU is the one taken (never a silent fallback).
     int_scheme = scheme in ("int4_w4a8", "int8_w8a8")
-    if LEVEL in ("native", "avx512") and "avx512" in DETECTED:
+    if LEVEL in ("native", "avx512", "avx512_novbmi") and "avx512" in DETECTED:
         want = "avx512vnni" if int_scheme else "avx512bf16"
-        if (want == "avx512vnni" and "avx512_vnni" in DETECTED) or (want == "avx512bf16" and "avx512_bf16" in DETECTED):
+        if scheme == "fp8_w8a16" and LEVEL != "avx512_novbmi" and "avx512_vbmi" in DETECTED:
+            want = "avx512vbmi"
+        if (want == "avx512vnni" and "avx512_vnni" in DETECTED) or (want != "avx512vnni" and "avx512_bf16" in DETECTED):
             assert isa == want
     if LEVEL == "avx2" and "avx2" in DETECTED:
         assert isa == "avx2"   # the avx2 level masks AVX-VNNI: vpmaddubsw / FMA kernels

@@ -13,6 +13,7 @@ enum CpuFeature : uint64_t {
   kFeatAvx512Vnni = 1u << 3,
   kFeatAvx512Bf16 = 1u << 4,
   kFeatAmx = 1u << 5,         // AMX-TILE + INT8 + BF16 (detected, no kernel uses it)
+  kFeatAvx512Vbmi = 1u << 6,  // byte permutes (vpermt2b)
   kFeatNeon = 1u << 8,
   kFeatNeonDotprod = 1u << 9,
   kFeatNeonI8mm = 1u << 10,
@@ -24,8 +25,9 @@ uint64_t detected_features();
 // Features that dispatch may use: detected & the mask set by MOE_CPU_ISA or force_isa().
 uint64_t active_features();
 // Restricts dispatch to an ISA level: "native" (no mask), "reference" (no SIMD), "avx2" (AVX2 + FMA,
-// no AVX-VNNI), "avx2vnni" (AVX2 + AVX-VNNI), "avx512", "neon", "neon_dotprod", "neon_i8mm",
-// "neon_bf16". Throws ValueError for unknown names or for a level this CPU lacks. Affects kernels chosen at later pack time only.
+// no AVX-VNNI), "avx2vnni" (AVX2 + AVX-VNNI), "avx512", "avx512_novbmi" (AVX-512 without VBMI, as
+// on Cooper Lake), "neon", "neon_dotprod", "neon_i8mm", "neon_bf16". Throws ValueError for unknown
+// names or for a level this CPU lacks. Affects kernels chosen at later pack time only.
 void force_isa(const std::string& isa);
 // The current ISA level name ("native" unless forced).
 std::string forced_isa();

@@ -44,6 +44,7 @@ uint64_t detect() {
   if (os_zmm && avx512 && (f & kFeatAvx2)) f |= kFeatAvx512;
   if ((f & kFeatAvx512) && (c7 & (1u << 11))) f |= kFeatAvx512Vnni;
   if ((f & kFeatAvx512) && (a71 & (1u << 5))) f |= kFeatAvx512Bf16;
+  if ((f & kFeatAvx512) && (c7 & (1u << 1))) f |= kFeatAvx512Vbmi;
   if (os_amx && (d7 & (1u << 24)) && (d7 & (1u << 25)) && (d7 & (1u << 22))) f |= kFeatAmx;
   return f;
 }
@@ -68,6 +69,7 @@ constexpr Level kLevels[] = {
     {"avx2", kFeatAvx2},
     {"avx2vnni", kFeatAvx2 | kFeatAvxVnni},
     {"avx512", kAll & ~uint64_t(kFeatNeon | kFeatNeonDotprod | kFeatNeonI8mm | kFeatNeonBf16)},
+    {"avx512_novbmi", kAll & ~uint64_t(kFeatNeon | kFeatNeonDotprod | kFeatNeonI8mm | kFeatNeonBf16 | kFeatAvx512Vbmi)},
     {"neon", kFeatNeon},
     {"neon_dotprod", kFeatNeon | kFeatNeonDotprod},
     {"neon_i8mm", kFeatNeon | kFeatNeonDotprod | kFeatNeonI8mm},
@@ -77,7 +79,7 @@ constexpr Level kLevels[] = {
 uint64_t level_requirement(const std::string& n) {
   if (n == "avx2") return kFeatAvx2;
   if (n == "avx2vnni") return kFeatAvxVnni;
-  if (n == "avx512") return kFeatAvx512;
+  if (n == "avx512" || n == "avx512_novbmi") return kFeatAvx512;
   if (n == "neon") return kFeatNeon;
   if (n == "neon_dotprod") return kFeatNeonDotprod;
   if (n == "neon_i8mm") return kFeatNeonI8mm;
@@ -151,7 +153,7 @@ std::string forced_isa() {
 std::vector<std::string> feature_names(uint64_t bits) {
   static const std::pair<uint64_t, const char*> kNames[] = {
       {kFeatAvx2, "avx2"}, {kFeatAvxVnni, "avx_vnni"}, {kFeatAvx512, "avx512"},
-      {kFeatAvx512Vnni, "avx512_vnni"}, {kFeatAvx512Bf16, "avx512_bf16"}, {kFeatAmx, "amx"},
+      {kFeatAvx512Vnni, "avx512_vnni"}, {kFeatAvx512Bf16, "avx512_bf16"}, {kFeatAvx512Vbmi, "avx512_vbmi"}, {kFeatAmx, "amx"},
       {kFeatNeon, "neon"}, {kFeatNeonDotprod, "neon_dotprod"}, {kFeatNeonI8mm, "neon_i8mm"},
       {kFeatNeonBf16, "neon_bf16"}};
   std::vector<std::string> out;

@@ -179,18 +179,12 @@ void run_gemm(const PackedExperts& w, const std::vector<int64_t>& begin, const A
   });
 }
 
-// A per-worker fp32 row of n floats (thread-local, reused).
-float* worker_row(int64_t n) {
-  thread_local std::vector<float> row;
-  if (row.size() < size_t(n)) row.resize(size_t(n));
-  return row.data();
-}
-
-// A per-worker fp32 buffer of n floats (thread-local, reused).
-float* worker_tile(int64_t n) {
-  thread_local std::vector<float> tile;
-  if (tile.size() < size_t(n)) tile.resize(size_t(n));
-  return tile.data();
+// A per-worker fp32 buffer of n floats (thread-local, reused); `slot` 0 for rows, 1 for GEMM1
+// tiles, so that both can be live at once.
+float* worker_buffer(int64_t n, int slot = 0) {
+  thread_local std::vector<float> buf[2];
+  if (buf[slot].size() < size_t(n)) buf[slot].resize(size_t(n));
+  return buf[slot].data();
 }
 
 constexpr int64_t kPieceBytes = 192 << 10;  // a GEMM1 piece's gate + up tile stays in L2
@@ -226,13 +220,13 @@ void run_gemm1(const FusedMoeArgs& a, const std::vector<int64_t>& begin, const A
       if (il) {  // columns [2 s0, 2 (s0 + n)) in one run: gate 2i, up 2i + 1
         const int64_t b0 = 2 * s0 / 16, b1 = (2 * (s0 + n) + 15) / 16;
         ld = 16 * (b1 - b0), st = 2, gc0 = 2 * s0, uc0 = 2 * s0 + 1;
-        g = worker_tile(R * ld), u = g + 1;
+        g = worker_buffer(R * ld, 1), u = g + 1;
         w.kernel->gemm(w, t.e, b0, b1, rows, g, ld);
       } else {  // gate columns [s0, s0 + n), up columns I + [s0, s0 + n) (blocks may start before)
         const int64_t gb0 = s0 / 16, gb1 = (s0 + n + 15) / 16, ub0 = (I + s0) / 16, ub1 = (I + s0 + n + 15) / 16;
         const int64_t gw = 16 * (gb1 - gb0);
         ld = gw + 16 * (ub1 - ub0), st = 1, gc0 = s0, uc0 = I + s0;
-        g = worker_tile(R * ld), u = g + gw + (I + s0 - 16 * ub0);
+        g = worker_buffer(R * ld, 1), u = g + gw + (I + s0 - 16 * ub0);
         w.kernel->gemm(w, t.e, gb0, gb1, rows, g, ld);
         w.kernel->gemm(w, t.e, ub0, ub1, rows, g + gw, ld);
       }
@@ -242,7 +236,7 @@ void run_gemm1(const FusedMoeArgs& a, const std::vector<int64_t>& begin, const A
           for (int64_t j = 0; j < n; ++j) gr[j * st] += bias[gc0 + j * st], ur[j * st] += bias[uc0 + j * st];
         const int64_t p = p0 + r;
         if (!int_scheme) {
-          float* out = worker_row(n);
+          float* out = worker_buffer(n);
           gated_activation(a.activation, gr, ur, st, n, out);
           uint16_t* br = a2.b.data() + p * a2.Kp + s0;
           for (int64_t j = 0; j < n; ++j) br[j] = float_to_bf16(out[j]);
@@ -307,7 +301,7 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   parallel_for(per_slot ? S : m1 - m0, [&](int64_t r) {
     const int64_t m = m0 + (per_slot ? r / k : r);
     const float wr = per_slot ? a.topk_weights[m0 * k + r] : 1.f;
-    float* row = worker_row(H);
+    float* row = worker_buffer(H);
     for (int64_t h = 0; h < H; ++h) row[h] = load(a.x, a.dtype, m * H + h) * wr;
     a1.set_row(r, row, "hidden state");
   });
@@ -330,7 +324,7 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   // 5. Per token: its rows summed over j in order, rounded once.
   parallel_for(m1 - m0, [&](int64_t r) {
     const int64_t m = m0 + r;
-    float* acc = worker_row(H);
+    float* acc = worker_buffer(H);
     std::fill(acc, acc + H, 0.f);
     for (int64_t j = 0; j < k; ++j) {
       const int32_t p = pos_of[size_t(r * k + j)];

@@ -108,6 +108,7 @@ struct FloatBf16 {
       __m512 accf[MR][NJ];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) accf[r][j] = _mm512_setzero_ps();
+      NextGroupPrefetch pf(w, e, b, NJ, r0, MR, a.rows, kVbmi ? Kp / 4 : Kp / 2);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / 2, s1 = gi == G - 1 ? Kp / 2 : (gi + 1) * gl / 2;
         __m512 acc[MR][NJ];
@@ -116,6 +117,7 @@ struct FloatBf16 {
         int64_t t = s0;
         if constexpr (kVbmi) {
           for (; t + 1 < s1; t += 2) {
+            if constexpr (MR > 1) pf.step();
             if constexpr (MR == 1)
               _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * kRow + kPrefetchBytes), _MM_HINT_T1);
             __m512i w0[NJ], w1[NJ];
@@ -128,6 +130,7 @@ struct FloatBf16 {
           }
         }
         for (; t < s1; ++t) {  // (VBMI: a group's odd last k-step)
+          if constexpr (MR > 1 && !kVbmi) pf.step();
           if constexpr (MR == 1)  // decode streams weights from DRAM; larger tiles reuse them from L2
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * kRow + kPrefetchBytes), _MM_HINT_T1);
           __m512i wv[NJ];

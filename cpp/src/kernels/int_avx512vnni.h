@@ -53,6 +53,7 @@ struct IntVnni {
       __m512 accf[MR][NJ];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) accf[r][j] = _mm512_setzero_ps();
+      NextGroupPrefetch pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
         // Without stored zeros the implicit zero point's term (zero * group code sum) is the same for
@@ -64,6 +65,7 @@ struct IntVnni {
           _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = start;
         }
         for (int64_t t = s0; t < s1; ++t) {
+          if constexpr (MR > 1) pf.step();
           if constexpr (MR == 1)  // decode streams weights from DRAM; larger tiles reuse them from L2
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * 64 + kPrefetchBytes), _MM_HINT_T1);
           if constexpr (kInt4) {

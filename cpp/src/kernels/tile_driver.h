@@ -38,6 +38,31 @@ void drive(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActR
   for (; b < b1; ++b) rows_of<Micro, MR, 1>(w, e, b, a, c + (b - b0) * 16, ldc);
 }
 
+// Software prefetch of the next column group's panels (blocks [b + nj, b + 2 nj)), spread over
+// the row tiles that read the current group: the tile of rows [r0, r0 + R) of `rows` walks its
+// share of the next group's bytes at up to a line per k-step (one prefetch per step, no branch),
+// so DRAM streams the next group while the tiles compute on this one from L2. Off (a prefetch of
+// the current panel) for decode and for groups too large to keep two in L2.
+struct NextGroupPrefetch {
+  static constexpr int64_t kMaxGroupBytes = 384 << 10;
+  const char* base;
+  uint64_t pos = 0, rate = 0, last = 0;  // pos and rate in 1/65536 bytes
+  NextGroupPrefetch(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, int64_t r0, int64_t R, int64_t rows,
+                    int64_t steps)
+      : base(reinterpret_cast<const char*>(w.panel(e, b))) {
+    const int64_t bytes = nj * w.panel_bytes();
+    if (rows <= 1 || b + 2 * nj > w.num_blocks() || bytes > kMaxGroupBytes || steps <= 0) return;
+    const int64_t o0 = r0 * bytes / rows, o1 = std::min(bytes, (r0 + R) * bytes / rows);
+    base += bytes + o0;
+    last = uint64_t(o1 - o0 - 1);
+    rate = std::min<uint64_t>(64 << 16, (uint64_t(o1 - o0) << 16) / uint64_t(steps));
+  }
+  void step() {
+    __builtin_prefetch(base + std::min(pos >> 16, last), 0, 2);
+    pos += rate;
+  }
+};
+
 // Valid columns of block b (the last block of a matrix may be cut at N).
 inline int valid_cols(const PackedExperts& w, int64_t b) {
   return int(std::min<int64_t>(16, w.out_features - 16 * b));

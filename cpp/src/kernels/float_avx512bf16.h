@@ -108,7 +108,7 @@ struct FloatBf16 {
       __m512 accf[MR][NJ];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) accf[r][j] = _mm512_setzero_ps();
-      NextGroupPrefetch pf(w, e, b, NJ, r0, MR, a.rows, kVbmi ? Kp / 4 : Kp / 2);
+      NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, kVbmi ? Kp / 4 : Kp / 2);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / 2, s1 = gi == G - 1 ? Kp / 2 : (gi + 1) * gl / 2;
         __m512 acc[MR][NJ];

@@ -53,7 +53,7 @@ struct IntVnni {
       __m512 accf[MR][NJ];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) accf[r][j] = _mm512_setzero_ps();
-      NextGroupPrefetch pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
+      NextGroupPrefetch<(MR * NJ + 15) / 16> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
         // Without stored zeros the implicit zero point's term (zero * group code sum) is the same for

@@ -40,9 +40,11 @@ void drive(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActR
 
 // Software prefetch of the next column group's panels (blocks [b + nj, b + 2 nj)), spread over
 // the row tiles that read the current group: the tile of rows [r0, r0 + R) of `rows` walks its
-// share of the next group's bytes at up to a line per k-step (one prefetch per step, no branch),
+// share of the next group's bytes at up to N lines per k-step (N prefetches per step, no branch;
+// a tile of R x NJ blocks needs R * NJ / rows lines per step),
 // so DRAM streams the next group while the tiles compute on this one from L2. Off (a prefetch of
 // the current panel) for decode and for groups too large to keep two in L2.
+template <int N = 1>
 struct NextGroupPrefetch {
   static constexpr int64_t kMaxGroupBytes = 384 << 10;
   const char* base;
@@ -55,10 +57,10 @@ struct NextGroupPrefetch {
     const int64_t o0 = r0 * bytes / rows, o1 = std::min(bytes, (r0 + R) * bytes / rows);
     base += bytes + o0;
     last = uint64_t(o1 - o0 - 1);
-    rate = std::min<uint64_t>(64 << 16, (uint64_t(o1 - o0) << 16) / uint64_t(steps));
+    rate = std::min<uint64_t>(uint64_t(64 * N) << 16, (uint64_t(o1 - o0) << 16) / uint64_t(steps));
   }
   void step() {
-    __builtin_prefetch(base + std::min(pos >> 16, last), 0, 2);
+    for (int i = 0; i < N; ++i) __builtin_prefetch(base + std::min((pos >> 16) + 64 * i, last), 0, 2);
     pos += rate;
   }
 };

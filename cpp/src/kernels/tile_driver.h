@@ -42,11 +42,12 @@ void drive(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActR
 // the row tiles that read the current group: the tile of rows [r0, r0 + R) of `rows` walks its
 // share of the next group's bytes at up to N lines per k-step (N prefetches per step, no branch;
 // a tile of R x NJ blocks needs R * NJ / rows lines per step),
-// so DRAM streams the next group while the tiles compute on this one from L2. Off (a prefetch of
-// the current panel) for decode and for groups too large to keep two in L2.
+// so DRAM streams the next group while the tiles compute on this one from L2 (groups larger than
+// L2, e.g. K = 14336, are then read from L3 instead of DRAM). Off (a prefetch of the current
+// panel) for decode and for groups over 4 MiB.
 template <int N = 1>
 struct NextGroupPrefetch {
-  static constexpr int64_t kMaxGroupBytes = 384 << 10;
+  static constexpr int64_t kMaxGroupBytes = 4 << 20;
   const char* base;
   uint64_t pos = 0, rate = 0, last = 0;  // pos and rate in 1/65536 bytes
   NextGroupPrefetch(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, int64_t r0, int64_t R, int64_t rows,

@@ -45,12 +45,14 @@ struct FloatAvx2 {
       for (int r = 0; r < MR; ++r) arow[r] = a.bf16 + a.row_idx[r0 + r] * Kp;
       const __m256i hi_mask = _mm256_set1_epi32(int(0xffff0000u));
       alignas(32) float accf[MR][H][8] = {};
+      NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, Kp / 2);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / 2, s1 = gi == G - 1 ? Kp / 2 : (gi + 1) * gl / 2;
         __m256 acc[MR][H];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
           _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) acc[r][h] = _mm256_setzero_ps();
         for (int64_t t = s0; t < s1; ++t) {
+          if constexpr (MR > 1) pf.step();
           __m256 a0[MR], a1[MR];
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
             uint32_t pair;

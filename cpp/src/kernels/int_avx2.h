@@ -46,12 +46,14 @@ struct IntAvx2 {
       for (int r = 0; r < MR; ++r) arow[r] = a.q + a.row_idx[r0 + r] * Kp;
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
       alignas(32) float accf[MR][H][8] = {};
+      NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
         __m256i acc[MR][H];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
           _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) acc[r][h] = _mm256_setzero_si256();
         for (int64_t t = s0; t < s1; ++t) {
+          if constexpr (MR > 1) pf.step();
           if constexpr (D != IntDot::kMaddubs) {  // weights first, then one row's broadcasts at a time
             __m256i u[2 * H];                     // (int4: low nibbles, then high; 15 ymm live at H = 2)
             _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {

@@ -46,6 +46,7 @@ struct FloatAvx2 {
       const __m256i hi_mask = _mm256_set1_epi32(int(0xffff0000u));
       alignas(32) float accf[MR][H][8] = {};
       NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, Kp / 2);
+      const ScaleIndex sx(w, e, b);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / 2, s1 = gi == G - 1 ? Kp / 2 : (gi + 1) * gl / 2;
         __m256 acc[MR][H];
@@ -71,7 +72,7 @@ struct FloatAvx2 {
           }
         }
         _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
-          const __m256 sv = kFp8 ? _mm256_load_ps(w.scales.as<float>() + w.scale_index(e, 16 * (b + h / 2), gi) + (h % 2) * 8)
+          const __m256 sv = kFp8 ? _mm256_load_ps(w.scales.as<float>() + sx(h / 2, gi) + (h % 2) * 8)
                                  : _mm256_set1_ps(1.f);
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
             _mm256_store_ps(accf[r][h], _mm256_fmadd_ps(acc[r][h], sv, _mm256_load_ps(accf[r][h])));

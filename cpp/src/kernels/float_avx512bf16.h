@@ -109,6 +109,7 @@ struct FloatBf16 {
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) accf[r][j] = _mm512_setzero_ps();
       NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, kVbmi ? Kp / 4 : Kp / 2);
+      const ScaleIndex sx(w, e, b);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / 2, s1 = gi == G - 1 ? Kp / 2 : (gi + 1) * gl / 2;
         __m512 acc[MR][NJ];
@@ -146,7 +147,7 @@ struct FloatBf16 {
         }
         if constexpr (kFp8) {
           _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-            const __m512 sv = _mm512_load_ps(w.scales.as<float>() + w.scale_index(e, 16 * (b + j), gi));
+            const __m512 sv = _mm512_load_ps(w.scales.as<float>() + sx(j, gi));
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) accf[r][j] = _mm512_fmadd_ps(acc[r][j], sv, accf[r][j]);
           }
         }

@@ -58,6 +58,7 @@ struct FloatNeon {
       float32x4_t accf[MR][V];
       for (int r = 0; r < MR; ++r)
         for (int v = 0; v < V; ++v) accf[r][v] = vdupq_n_f32(0.f);
+      const ScaleIndex sx(w, e, b);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / 2, s1 = gi == G - 1 ? Kp / 2 : (gi + 1) * gl / 2;
         float32x4_t acc[MR][V];
@@ -104,7 +105,7 @@ struct FloatNeon {
           }
         }
         for (int v = 0; v < V; ++v) {
-          const float32x4_t sv = kFp8 ? vld1q_f32(w.scales.as<float>() + w.scale_index(e, 16 * (b + v / 4), gi) + (v % 4) * 4)
+          const float32x4_t sv = kFp8 ? vld1q_f32(w.scales.as<float>() + sx(v / 4, gi) + (v % 4) * 4)
                                       : vdupq_n_f32(1.f);
           for (int r = 0; r < MR; ++r) accf[r][v] = vfmaq_f32(accf[r][v], acc[r][v], sv);
         }

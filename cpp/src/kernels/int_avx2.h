@@ -47,6 +47,7 @@ struct IntAvx2 {
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
       alignas(32) float accf[MR][H][8] = {};
       NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
+      const ScaleIndex sx(w, e, b);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
         __m256i acc[MR][H];
@@ -98,7 +99,7 @@ struct IntAvx2 {
           }
         }
         _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
-          const int64_t si = w.scale_index(e, 16 * (b + h / 2), gi) + (h % 2) * 8;
+          const int64_t si = sx(h / 2, gi) + (h % 2) * 8;
           const __m256 sv = _mm256_load_ps(w.scales.as<float>() + si);
           __m256i zv = _mm256_set1_epi32(kInt4 || D != IntDot::kMaddubs ? layout::implicit_zero(w.scheme) : 0);
           if (kInt4 && w.has_zeros) zv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zeros.data() + si)));

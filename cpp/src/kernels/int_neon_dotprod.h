@@ -37,6 +37,7 @@ struct IntNeonDot {
       float32x4_t accf[MR][V];
       for (int r = 0; r < MR; ++r)
         for (int v = 0; v < V; ++v) accf[r][v] = vdupq_n_f32(0.f);
+      const ScaleIndex sx(w, e, b);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
         int32x4_t acc[MR][V];
@@ -59,7 +60,7 @@ struct IntNeonDot {
           }
         }
         for (int v = 0; v < V; ++v) {
-          const int64_t si = w.scale_index(e, 16 * (b + v / 4), gi) + (v % 4) * 4;
+          const int64_t si = sx(v / 4, gi) + (v % 4) * 4;
           const float32x4_t sv = vld1q_f32(w.scales.as<float>() + si);
           int32x4_t zv = vdupq_n_s32(kInt4 ? 8 : 0);
           if (kInt4 && w.has_zeros) {

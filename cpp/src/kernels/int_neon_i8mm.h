@@ -40,6 +40,7 @@ struct IntNeonMmla {
       float32x4_t accf[RP][CP];
       for (int p = 0; p < RP; ++p)
         for (int q = 0; q < CP; ++q) accf[p][q] = vdupq_n_f32(0.f);
+      const ScaleIndex sx(w, e, b);
       for (int64_t gi = 0; gi < G; ++gi) {
         // 8-k chunks of this group: k in [k0, k1)
         const int64_t k0 = gi * gl, k1 = gi == G - 1 ? Kp : (gi + 1) * gl;
@@ -69,8 +70,7 @@ struct IntNeonMmla {
           }
         }
         for (int q = 0; q < CP; ++q) {  // column pair q: columns 2q, 2q+1 of the NJ blocks
-          const int64_t n = 16 * b + 2 * q;
-          const int64_t si0 = w.scale_index(e, n, gi), si1 = w.scale_index(e, n + 1, gi);
+          const int64_t si0 = sx((2 * q) / 16, gi) + (2 * q) % 16, si1 = sx((2 * q + 1) / 16, gi) + (2 * q + 1) % 16;
           const float* sc = w.scales.as<float>();
           const float s2[4] = {sc[si0], sc[si1], sc[si0], sc[si1]};
           const float32x4_t sv = vld1q_f32(s2);

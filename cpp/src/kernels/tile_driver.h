@@ -66,6 +66,14 @@ struct NextGroupPrefetch {
   }
 };
 
+// Index in the scales / zeros arrays of (block b + j, group gi, column 0) of expert e: the same as
+// w.scale_index, without its division per call (kernels look it up per block and scale group).
+struct ScaleIndex {
+  int64_t base, G;
+  ScaleIndex(const PackedExperts& w, int64_t e, int64_t b) : base(w.scale_index(e, 16 * b, 0)), G(w.num_groups()) {}
+  int64_t operator()(int64_t j, int64_t gi) const { return base + (j * G + gi) * 16; }
+};
+
 // Valid columns of block b (the last block of a matrix may be cut at N).
 inline int valid_cols(const PackedExperts& w, int64_t b) {
   return int(std::min<int64_t>(16, w.out_features - 16 * b));

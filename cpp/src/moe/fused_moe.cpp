@@ -143,6 +143,7 @@ void check_args(const FusedMoeArgs& a) {
 namespace {
 
 constexpr int64_t kMinTileBlocks = 4;         // 16-column blocks per GEMM task, at least
+constexpr int64_t kTileAlign = 8;             // tiles wider than that: a multiple of the widest decode tile
 std::atomic<int64_t> g_scratch_bytes{int64_t(96) << 20};  // set_scratch_limit
 
 struct Task {
@@ -154,7 +155,8 @@ std::vector<Task> tasks_for(const std::vector<int64_t>& begin, int64_t blocks) {
   int64_t experts = 0;
   for (size_t e = 0; e + 1 < begin.size(); ++e) experts += begin[e + 1] > begin[e];
   const int64_t want = 16 * int64_t(get_num_threads());
-  const int64_t tile = std::max(kMinTileBlocks, (experts * blocks + want - 1) / std::max<int64_t>(want, 1));
+  int64_t tile = std::max(kMinTileBlocks, (experts * blocks + want - 1) / std::max<int64_t>(want, 1));
+  if (tile > kTileAlign) tile = (tile + kTileAlign - 1) / kTileAlign * kTileAlign;
   std::vector<Task> t;
   for (size_t e = 0; e + 1 < begin.size(); ++e)
     if (begin[e + 1] > begin[e])

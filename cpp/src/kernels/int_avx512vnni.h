@@ -54,6 +54,7 @@ struct IntVnni {
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) accf[r][j] = _mm512_setzero_ps();
       NextGroupPrefetch<(MR * NJ + 15) / 16> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
+      const ScaleIndex sx(w, e, b);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
         // Without stored zeros the implicit zero point's term (zero * group code sum) is the same for
@@ -88,7 +89,7 @@ struct IntVnni {
           }
         }
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-          const int64_t si = w.scale_index(e, 16 * (b + j), gi);
+          const int64_t si = sx(j, gi);
           const __m512 sv = _mm512_load_ps(scales + si);
           if (w.has_zeros) {
             const __m512i zv = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(w.zeros.data() + si)));

@@ -49,7 +49,10 @@ def loop_mix(obj: pathlib.Path, tile: str, objdump: str = "objdump"):
         if _is_branch(op) and t and int(t.group(1), 16) < addr:
             loops.append((next(j for j, x in enumerate(ins) if x[0] >= int(t.group(1), 16)), i))
     inner = [(s0, e0) for s0, e0 in loops if not any(s0 <= s1 and e1 < e0 for s1, e1 in loops if (s1, e1) != (s0, e0))]
-    best = max((ins[s0:e0 + 1] for s0, e0 in inner), key=lambda lp: (sum(x[1] in DOT for x in lp), -len(lp)), default=None)
+    fma = ("fmla", "vfmadd231ps", "vfmadd213ps", "vfmadd132ps")  # also in scale epilogues: rank dot products first
+    best = max((ins[s0:e0 + 1] for s0, e0 in inner),
+               key=lambda lp: (sum(x[1] in DOT and x[1] not in fma for x in lp), sum(x[1] in DOT for x in lp), -len(lp)),
+               default=None)
     if best is not None and not any(x[1] in DOT for x in best):
         best = None
     return collections.Counter(x[1] for x in best) if best else None

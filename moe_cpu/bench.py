@@ -2,7 +2,9 @@
 measured in the same run.
 
 For each shape, scheme and M it prints the time per call, tokens/s, GB/s of weight traffic and
-GOPS, and the ratios to the measured read bandwidth and instruction peak. Decode (M=1) weights are
+GOPS, and the ratios to the measured read bandwidth and to the peak of the instruction the scheme's
+kernel is made of (PEAK_INSN: vpdpbusd / vdpbf16ps zmm on AVX-512, {vex} vpdpbusd ymm on AVX-VNNI,
+vpmaddubsw + vpmaddwd + vpaddd and vfmadd231ps ymm on AVX2; none for the reference kernels). Decode (M=1) weights are
 cold: each call routes to experts not used in the previous E/k calls, and every layer is larger
 than 4x the L3. The decode ratio is the median of five interleaved (bandwidth, decode) pairs; for
 M >= 256 the paired peak ratio is likewise the median of five (instruction peak, one call) pairs.
@@ -92,16 +94,59 @@ def weight_bytes(w13, w2, ids):
     return used * (w13.nbytes + w2.nbytes) / w13.num_experts
 
 
+# The instruction each kernel's inner loop is made of, by (precision word, ISA word) of its name: a
+# scheme's %peak is taken against the register-only peak of that instruction (chain). Kernels with
+# no entry (the Eigen reference, Arm) have no SIMD peak here.
+PEAK_INSN = {
+    ("w4a8", "avx512vnni"): "vpdpbusd_zmm", ("w8a8", "avx512vnni"): "vpdpbusd_zmm",
+    ("fp8w", "avx512vbmi"): "vdpbf16ps_zmm", ("fp8w", "avx512bf16"): "vdpbf16ps_zmm", ("bf16", "avx512bf16"): "vdpbf16ps_zmm",
+    ("w4a8", "avx2vnni"): "vpdpbusd_ymm", ("w8a8", "avx2vnni"): "vpdpbusd_ymm",
+    ("w4a8", "avx2"): "maddubs_ymm", ("w8a8", "avx2"): "maddubs_ymm", ("fp8w", "avx2"): "fma_ymm", ("bf16", "avx2"): "fma_ymm",
+}
+
+
+def peak_insn(kernel: str):
+    """'w8a8_avx2_4x16' -> 'maddubs_ymm'; None for kernels without a measured peak."""
+    parts = kernel.split("_")
+    return PEAK_INSN.get((parts[0], parts[1])) if len(parts) > 1 else None
+
+
+def tier() -> str:
+    """The ISA tier the kernels chosen now belong to: their ISA words, best first ('avx2', 'reference')."""
+    isas = []
+    for k in moe_cpu.cpu_features()["kernels"].values():
+        isa = k.split("_")[1]
+        if isa not in isas:
+            isas.append(isa)
+    return " + ".join(isas)
+
+
+class Peaks:
+    """Instruction peaks of this run, measured once on first use (TOPS: tera int8 ops or flops per s)."""
+
+    def __init__(self, threads):
+        self.threads, self.tops = threads, {}
+        self.what = {p["name"]: p["what"] for p in _core.peak_instructions()}
+
+    def of(self, kernel):
+        insn = peak_insn(kernel)
+        if insn is not None and insn not in self.tops:
+            self.tops[insn] = _core.instruction_peak_tops(insn, self.threads)
+        return insn, (self.tops[insn] if insn else None)
+
+
 def run(args):
     rng = np.random.default_rng(0)
     threads = moe_cpu.get_num_threads()
     buf = _core.ReadBuffer(1 << 30)
-    limits = {"threads": threads, "read_gbs": buf.read_gbs(threads, 3),
-              "vpdpbusd_tops": _core.vpdpbusd_peak_tops(threads), "vdpbf16ps_tflops": _core.vdpbf16ps_peak_tflops(threads)}
-    print(f"machine: {threads} threads, read {limits['read_gbs']:.1f} GB/s, vpdpbusd {limits['vpdpbusd_tops']:.2f} TOPS, "
-          f"vdpbf16ps {limits['vdpbf16ps_tflops']:.2f} TFLOPS")
-    peak_of = {"int4_w4a8": limits["vpdpbusd_tops"], "int8_w8a8": limits["vpdpbusd_tops"],
-               "fp8_w8a16": limits["vdpbf16ps_tflops"], "bf16": limits["vdpbf16ps_tflops"]}
+    peaks = Peaks(threads)
+    kernels = moe_cpu.cpu_features()["kernels"]
+    for scheme in args.schemes:
+        peaks.of(kernels[scheme])
+    limits = {"threads": threads, "tier": tier(), "read_gbs": buf.read_gbs(threads, 3), "peaks_tops": peaks.tops}
+    named = ", ".join(f"{peaks.what[n]} {t:.2f} TOPS" for n, t in peaks.tops.items())
+    print(f"machine: {threads} threads, tier {limits['tier']}, read {limits['read_gbs']:.1f} GB/s, "
+          f"{named or 'no SIMD peak (the reference kernels run no SIMD instruction to measure): %peak not given'}")
     rows = []
     for shape in args.shapes:
         H, I, E_model, k, E, note = SHAPES[shape]
@@ -123,7 +168,8 @@ def run(args):
             b13 = rng.standard_normal((E, 2 * I), dtype=np.float32) * 0.01 if act == "swigluoai" else None
             b2 = rng.standard_normal((E, H), dtype=np.float32) * 0.01 if act == "swigluoai" else None
             route = Routing(rng, E, k)
-            print(f"\n{shape} (H={H} I={I} E={E} k={k}{', ' + note if note else ''}) {scheme}: kernel {w13.kernel}, "
+            print(f"\n{shape} (H={H} I={I} E={E} k={k}{', ' + note if note else ''}) {scheme}: kernel {w13.kernel} "
+                  f"(%peak of {peaks.what.get(peak_insn(w13.kernel), 'no SIMD peak')}), "
                   f"{(w13.nbytes + w2.nbytes) / 2**20:.0f} MiB, packed at {(w13.nbytes + w2.nbytes) / pack_s / 1e9:.2f} GB/s "
                   f"(fresh memory), {(w13.nbytes + w2.nbytes) / repack_s / 1e9:.2f} GB/s (memory reused)")
             print(f"{'M':>5} {'ms/call':>9} {'tok/s':>9} {'GB/s':>7} {'%bw':>5} {'GOPS':>8} {'%peak':>6}")
@@ -144,8 +190,10 @@ def run(args):
                 r = dict(shape=shape, scheme=scheme, kernel=w13.kernel, M=M, ms=t * 1e3, tok_s=M / t,
                          gbs=gb / t / 1e9, gops=ops / t / 1e9, pack_gbs=(w13.nbytes + w2.nbytes) / pack_s / 1e9,
                          repack_gbs=(w13.nbytes + w2.nbytes) / repack_s / 1e9)
+                insn, peak = peaks.of(w13.kernel)
                 r["pct_bw"] = 100 * r["gbs"] / limits["read_gbs"]
-                r["pct_peak"] = 100 * r["gops"] / (peak_of[scheme] * 1e3)
+                r["peak_insn"] = insn
+                r["pct_peak"] = 100 * r["gops"] / (peak * 1e3) if peak else None
                 if M == 1:  # five interleaved (bandwidth, decode) pairs
                     ratios = []
                     for _ in range(5):
@@ -153,11 +201,10 @@ def run(args):
                         ratios.append((gb / timed(call, 0.2) / 1e9) / bw)
                     r["decode_ratio_median"] = statistics.median(ratios)
                     r["decode_ratios"] = ratios
-                if M >= 256:  # five interleaved (instruction peak, one call) pairs: the host's swings cancel
-                    peak_fn = _core.vpdpbusd_peak_tops if scheme.startswith("int") else _core.vdpbf16ps_peak_tflops
+                if M >= 256 and insn:  # five interleaved (instruction peak, one call) pairs: the host's swings cancel
                     ratios = []
                     for _ in range(5):
-                        peak = peak_fn(threads, 0.1)
+                        peak = _core.instruction_peak_tops(insn, threads, 0.1)
                         t0 = time.perf_counter()
                         call()
                         ratios.append(ops / (time.perf_counter() - t0) / 1e12 / peak)
@@ -165,9 +212,10 @@ def run(args):
                     r["peak_ratios"] = ratios
                 rows.append(r)
                 extra = f"  paired decode ratio {100 * r['decode_ratio_median']:.0f}%" if M == 1 else ""
-                extra = f"  paired peak ratio {100 * r['peak_ratio_median']:.1f}%" if M >= 256 else extra
+                extra = f"  paired peak ratio {100 * r['peak_ratio_median']:.1f}%" if "peak_ratio_median" in r else extra
+                pct = f"{r['pct_peak']:>6.1f}" if r["pct_peak"] is not None else f"{'-':>6}"
                 print(f"{M:>5} {r['ms']:>9.3f} {r['tok_s']:>9.0f} {r['gbs']:>7.1f} {r['pct_bw']:>5.0f} {r['gops']:>8.0f} "
-                      f"{r['pct_peak']:>6.1f}{extra}")
+                      f"{pct}{extra}")
             del w13, w2
     return limits, rows
 

@@ -24,16 +24,20 @@ from . import _core, api
 def cmd_info(args: argparse.Namespace) -> int:
     """Print what this build and this CPU give: features, ISA level, kernels, threads, version."""
     from . import __version__
+    from .bench import peak_insn, tier
 
     f = api.cpu_features()
     print(f"moe_cpu {__version__}")
     print(f"threads:           {api.get_num_threads()}")
     print(f"ISA level:         {f['isa']}")
+    print(f"tier:              {tier()}")
     print(f"detected features: {' '.join(f['detected']) or '(none)'}")
     print(f"active features:   {' '.join(f['active']) or '(none)'}")
-    print("kernel per scheme:")
+    print("kernel per scheme (and the instruction its bench %peak is taken against):")
+    what = {p["name"]: p["what"] for p in _core.peak_instructions()}
     for scheme, kernel in f["kernels"].items():
-        print(f"  {scheme:<10} {kernel}")
+        insn = peak_insn(kernel)
+        print(f"  {scheme:<10} {kernel:<24} {what[insn] if insn else 'no SIMD peak'}")
     print("registered kernels:")
     print(f"  {'name':<24} {'scheme':<10} {'isa':<12} tile")
     for k in _core.registered_kernels():

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "moe_cpu/cpu_features.h"
+
 namespace moe_cpu::test {
 
 // RNG seeded from the running test's full name, so every case is reproducible on its own.
@@ -29,6 +31,13 @@ inline std::vector<int8_t> ints(std::mt19937& g, size_t n, int lo, int hi) {
   std::vector<int8_t> v(n);
   for (auto& x : v) x = int8_t(d(g));
   return v;
+}
+
+// "" when the active features cover `need`, else the names of those missing ("avx512, avx512_vnni").
+inline std::string missing_features(uint64_t need) {
+  std::string out;
+  for (const auto& n : feature_names(need & ~active_features())) out += (out.empty() ? "" : ", ") + n;
+  return out;
 }
 
 // max |a - b| / max(|b|)

@@ -1,17 +1,21 @@
 """The moe-cpu command line, run as `python -m moe_cpu` in a subprocess (outside the source tree)."""
 import json
+import os
+import platform
 import subprocess
 import sys
 
 import pytest
 
 import moe_cpu
-from moe_cpu import cli
+from moe_cpu import bench, cli
+
+PEAK_WHAT = {p["name"]: p["what"] for p in moe_cpu._core.peak_instructions()}
 
 
-def run_cli(tmp_path, *args):
+def run_cli(tmp_path, *args, env=None):
     res = subprocess.run([sys.executable, "-m", "moe_cpu", *args], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300)
+                         text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr
     return res.stdout
 
@@ -21,22 +25,69 @@ def test_info_names_each_kernel(tmp_path):
     for scheme, kernel in moe_cpu.cpu_features()["kernels"].items():
         assert any(scheme in line and kernel in line for line in out.splitlines()), (scheme, kernel, out)
     assert moe_cpu.__version__ in out and "threads" in out
+    assert f"tier:              {bench.tier()}" in out
     for k in moe_cpu._core.registered_kernels():
         assert k["name"] in out
+
+
+def check_bench_json(out, data, schemes, ms):
+    """The header names the tier and each scheme's peak instruction; rows are complete."""
+    kernels = moe_cpu.cpu_features()["kernels"]
+    assert f"tier {bench.tier()}" in out and "paired decode ratio" in out
+    assert data["limits"]["read_gbs"] > 0 and data["limits"]["tier"] == bench.tier()
+    rows = {(r["scheme"], r["M"]): r for r in data["rows"]}
+    assert set(rows) == {(s, m) for s in schemes for m in ms}
+    for r in rows.values():
+        assert r["ms"] > 0 and r["tok_s"] > 0 and r["gbs"] > 0
+        assert r["kernel"] == kernels[r["scheme"]]
+        insn = bench.peak_insn(r["kernel"])
+        assert r["peak_insn"] == insn
+        if insn is None:
+            assert r["pct_peak"] is None and "no SIMD peak" in out
+        else:
+            assert data["limits"]["peaks_tops"][insn] > 0 and r["pct_peak"] > 0
+            assert PEAK_WHAT[insn] in out
 
 
 def test_bench_writes_json_and_plot(tmp_path):
     out = run_cli(tmp_path, "bench", "--shapes", "qwen3-30b-a3b", "--experts", "8", "--m", "1,4",
                   "--schemes", "int8_w8a8,bf16", "--no-peers", "--out", str(tmp_path / "b"))
-    assert "paired decode ratio" in out and "vpdpbusd" in out
     data = json.loads((tmp_path / "b" / "bench_moe.json").read_text())
     assert (tmp_path / "b" / "bench_moe.png").stat().st_size > 0
-    assert data["limits"]["read_gbs"] > 0
-    rows = {(r["scheme"], r["M"]): r for r in data["rows"]}
-    assert set(rows) == {(s, m) for s in ("int8_w8a8", "bf16") for m in (1, 4)}
-    for r in rows.values():
-        assert r["ms"] > 0 and r["tok_s"] > 0 and r["gbs"] > 0
-        assert r["kernel"] == moe_cpu.cpu_features()["kernels"][r["scheme"]]
+    check_bench_json(out, data, ("int8_w8a8", "bf16"), (1, 4))
+
+
+def test_bench_at_reference_level_says_no_simd_peak(tmp_path):
+    env = dict(os.environ, MOE_CPU_ISA="reference")
+    out = run_cli(tmp_path, "bench", "--shapes", "qwen3-30b-a3b", "--experts", "8", "--m", "1",
+                  "--schemes", "fp8_w8a16", "--no-peers", "--out", str(tmp_path / "r"), env=env)
+    data = json.loads((tmp_path / "r" / "bench_moe.json").read_text())
+    assert "tier reference" in out and "no SIMD peak" in out and data["limits"]["peaks_tops"] == {}
+    assert data["rows"][0]["kernel"] == "fp8w_reference" and data["rows"][0]["pct_peak"] is None
+
+
+def test_every_simd_kernel_has_a_measurable_peak():
+    """Each x86 SIMD kernel maps to the instruction its inner loop uses, and that peak is measurable
+    exactly when the CPU has the instruction."""
+    x86 = platform.machine() in ("x86_64", "AMD64")
+    for k in moe_cpu._core.registered_kernels():
+        insn = bench.peak_insn(k["name"])
+        if k["isa"] == "reference" or not x86:
+            assert insn is None, k["name"]
+        else:
+            assert insn in PEAK_WHAT, k["name"]
+    detected = set(moe_cpu.cpu_features()["detected"])
+    for p in moe_cpu._core.peak_instructions():
+        if p["available"]:
+            assert moe_cpu._core.instruction_peak_tops(p["name"], 1, 0.02) > 0
+        else:
+            with pytest.raises(ValueError, match="this CPU lacks"):
+                moe_cpu._core.instruction_peak_tops(p["name"], 1, 0.02)
+        need = {"vpdpbusd_zmm": "avx512_vnni", "vdpbf16ps_zmm": "avx512_bf16", "vpdpbusd_ymm": "avx_vnni",
+                "maddubs_ymm": "avx2", "fma_ymm": "avx2"}[p["name"]]
+        assert p["available"] == (need in detected), p
+    with pytest.raises(ValueError, match="unknown peak instruction"):
+        moe_cpu._core.instruction_peak_tops("vfoo", 1, 0.01)
 
 
 @pytest.mark.parametrize("args", [["bench", "--schemes", "int3"], ["bench", "--m", "0"], ["nope"], []])

@@ -1,8 +1,8 @@
 // machine_limits.cpp — read bandwidth and instruction peaks (see machine_limits.h). The SIMD bodies
-// use target attributes and run only after the feature checks, so this file builds with base flags.
+// use target attributes or inline asm and run only after the feature checks, so this file builds
+// with base flags.
 #include "bench/machine_limits.h"
 
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -13,6 +13,10 @@
 
 #include "moe_cpu/cpu_features.h"
 #include "moe_cpu/errors.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace moe_cpu::bench {
 
@@ -39,6 +43,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// Plain 64-bit loads, four independent streams (CPUs without AVX2).
+uint64_t read_scalar(const uint8_t* p, size_t n) {
+  uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  for (size_t i = 0; i < n; i += 32) {
+    uint64_t v[4];
+    std::memcpy(v, p + i, 32);
+    a0 ^= v[0], a1 ^= v[1], a2 ^= v[2], a3 ^= v[3];
+  }
+  return a0 ^ a1 ^ a2 ^ a3;
+}
+
+#if defined(__x86_64__)
 __attribute__((target("avx512f"))) uint64_t read_avx512(const uint8_t* p, size_t n) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
   for (size_t i = 0; i < n; i += 256) {
@@ -80,20 +96,63 @@ __attribute__((target("avx2"))) uint64_t read_avx2(const uint8_t* p, size_t n) {
       INSN " %%zmm17, %%zmm16, %%zmm10\n" INSN " %%zmm17, %%zmm16, %%zmm11\n"                       \
       INSN " %%zmm17, %%zmm16, %%zmm12\n" INSN " %%zmm17, %%zmm16, %%zmm13\n"                       \
       INSN " %%zmm17, %%zmm16, %%zmm14\n" INSN " %%zmm17, %%zmm16, %%zmm15\n"                       \
-      "dec %0\n jnz 1b\n"                                                                            \
+      "dec %0\n jnz 1b\n vzeroupper\n"                                                               \
       : "+r"(iters)                                                                                 \
       :                                                                                             \
       : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",     \
         "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc")
 
-__attribute__((target("avx512f,avx512vnni"))) void vnni_loop(int64_t iters) { MOE_PEAK_LOOP("vpdpbusd"); }
-__attribute__((target("avx512f,avx512bf16"))) void bf16_loop(int64_t iters) { MOE_PEAK_LOOP("vdpbf16ps"); }
+__attribute__((target("avx512f"))) void vnni_zmm_loop(int64_t iters) { MOE_PEAK_LOOP("vpdpbusd"); }
+__attribute__((target("avx512f"))) void bf16_zmm_loop(int64_t iters) { MOE_PEAK_LOOP("vdpbf16ps"); }
 #undef MOE_PEAK_LOOP
 
-// Runs loop(iters) on `threads` threads at once; returns instructions per second (all threads).
-template <class Loop>
-double instr_rate(Loop loop, int threads, double seconds) {
-  int64_t iters = 1 << 16;
+// ymm loops (VEX only, ymm0-15): 12 accumulators ymm0-11 per iteration, sources ymm13-15.
+#define MOE_YMM_ZERO                                                                                 \
+  "vpxor %%xmm0, %%xmm0, %%xmm0\n vmovdqa %%ymm0, %%ymm1\n vmovdqa %%ymm0, %%ymm2\n"                \
+  "vmovdqa %%ymm0, %%ymm3\n vmovdqa %%ymm0, %%ymm4\n vmovdqa %%ymm0, %%ymm5\n"                     \
+  "vmovdqa %%ymm0, %%ymm6\n vmovdqa %%ymm0, %%ymm7\n vmovdqa %%ymm0, %%ymm8\n"                     \
+  "vmovdqa %%ymm0, %%ymm9\n vmovdqa %%ymm0, %%ymm10\n vmovdqa %%ymm0, %%ymm11\n"                   \
+  "vmovdqa %%ymm0, %%ymm13\n vmovdqa %%ymm0, %%ymm14\n vmovdqa %%ymm0, %%ymm15\n"
+#define MOE_YMM_CLOBBERS                                                                             \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",  \
+      "xmm12", "xmm13", "xmm14", "xmm15", "cc"
+#define MOE_YMM12(INSN)                                                                              \
+  INSN " %%ymm15, %%ymm14, %%ymm0\n" INSN " %%ymm15, %%ymm14, %%ymm1\n"                             \
+  INSN " %%ymm15, %%ymm14, %%ymm2\n" INSN " %%ymm15, %%ymm14, %%ymm3\n"                             \
+  INSN " %%ymm15, %%ymm14, %%ymm4\n" INSN " %%ymm15, %%ymm14, %%ymm5\n"                             \
+  INSN " %%ymm15, %%ymm14, %%ymm6\n" INSN " %%ymm15, %%ymm14, %%ymm7\n"                             \
+  INSN " %%ymm15, %%ymm14, %%ymm8\n" INSN " %%ymm15, %%ymm14, %%ymm9\n"                             \
+  INSN " %%ymm15, %%ymm14, %%ymm10\n" INSN " %%ymm15, %%ymm14, %%ymm11\n"
+
+void fma_ymm_loop(int64_t iters) {
+  asm volatile(MOE_YMM_ZERO "1:\n" MOE_YMM12("vfmadd231ps") "dec %0\n jnz 1b\n vzeroupper\n"
+               : "+r"(iters) : : MOE_YMM_CLOBBERS);
+}
+void vnni_ymm_loop(int64_t iters) {
+  asm volatile(MOE_YMM_ZERO "1:\n" MOE_YMM12("%{vex%} vpdpbusd") "dec %0\n jnz 1b\n vzeroupper\n"
+               : "+r"(iters) : : MOE_YMM_CLOBBERS);
+}
+// The AVX2 int8 dot product of w8a8_avx2 / w4a8_avx2: u8 x s8 pairs to int16 (vpmaddubsw), int16
+// pairs to int32 (vpmaddwd with ones in ymm13), int32 accumulate (vpaddd). 12 chains per iteration
+// into 6 accumulators (ymm0-5) through 6 temporaries (ymm6-11).
+#define MOE_CHAIN(T, A)                                                                              \
+  "vpmaddubsw %%ymm15, %%ymm14, %%ymm" T "\n vpmaddwd %%ymm13, %%ymm" T ", %%ymm" T "\n"             \
+  "vpaddd %%ymm" T ", %%ymm" A ", %%ymm" A "\n"
+void maddubs_ymm_loop(int64_t iters) {
+  asm volatile(MOE_YMM_ZERO "1:\n" MOE_CHAIN("6", "0") MOE_CHAIN("7", "1") MOE_CHAIN("8", "2") MOE_CHAIN("9", "3")
+               MOE_CHAIN("10", "4") MOE_CHAIN("11", "5") MOE_CHAIN("6", "0") MOE_CHAIN("7", "1") MOE_CHAIN("8", "2")
+               MOE_CHAIN("9", "3") MOE_CHAIN("10", "4") MOE_CHAIN("11", "5") "dec %0\n jnz 1b\n vzeroupper\n"
+               : "+r"(iters) : : MOE_YMM_CLOBBERS);
+}
+#undef MOE_CHAIN
+#undef MOE_YMM12
+#undef MOE_YMM_CLOBBERS
+#undef MOE_YMM_ZERO
+#endif
+
+// Runs loop(iters) on `threads` threads at once; returns loop iterations per second (all threads).
+double iter_rate(void (*loop)(int64_t), int threads, double seconds) {
+  int64_t iters = 1 << 12;
   for (;;) {  // calibrate on one thread
     auto t0 = Clock::now();
     loop(iters);
@@ -107,14 +166,32 @@ double instr_rate(Loop loop, int threads, double seconds) {
   t0 = Clock::now();
 #pragma omp parallel num_threads(threads)
   loop(iters);
-  return double(iters) * 16 * threads / seconds_since(t0);
+  return double(iters) * threads / seconds_since(t0);
+}
+
+struct PeakLoop {
+  PeakInsn insn;
+  void (*loop)(int64_t);
+  int per_iter;  // instructions (chains) per loop iteration
+};
+
+const std::vector<PeakLoop>& peak_loops() {
+  static const std::vector<PeakLoop> loops = {
+#if defined(__x86_64__)
+      {{"vpdpbusd_zmm", "vpdpbusd zmm (AVX-512 VNNI)", kFeatAvx512 | kFeatAvx512Vnni, 16 * 4 * 2}, vnni_zmm_loop, 16},
+      {{"vdpbf16ps_zmm", "vdpbf16ps zmm (AVX512_BF16)", kFeatAvx512 | kFeatAvx512Bf16, 16 * 2 * 2}, bf16_zmm_loop, 16},
+      {{"vpdpbusd_ymm", "{vex} vpdpbusd ymm (AVX-VNNI)", kFeatAvx2 | kFeatAvxVnni, 8 * 4 * 2}, vnni_ymm_loop, 12},
+      {{"maddubs_ymm", "vpmaddubsw + vpmaddwd + vpaddd ymm (AVX2)", kFeatAvx2, 32 * 2}, maddubs_ymm_loop, 12},
+      {{"fma_ymm", "vfmadd231ps ymm (AVX2 + FMA)", kFeatAvx2, 8 * 2}, fma_ymm_loop, 12},
+#endif
+  };
+  return loops;
 }
 
 }  // namespace
 
 double read_bandwidth_gbs(ReadBuffer* b, int threads, int reps) {
   const uint64_t f = detected_features();
-  if (!(f & (kFeatAvx512 | kFeatAvx2))) throw ValueError("read_bandwidth needs AVX2 or AVX-512");
   double best = 0;
   uint64_t sink = 0;
   for (int r = 0; r < reps; ++r) {
@@ -123,7 +200,12 @@ double read_bandwidth_gbs(ReadBuffer* b, int threads, int reps) {
     {
       const size_t slice = b->n / size_t(omp_get_num_threads()) / 256 * 256;
       const uint8_t* p = b->p + slice * size_t(omp_get_thread_num());
-      sink ^= (f & kFeatAvx512) ? read_avx512(p, slice) : read_avx2(p, slice);
+#if defined(__x86_64__)
+      sink ^= (f & kFeatAvx512) ? read_avx512(p, slice) : (f & kFeatAvx2) ? read_avx2(p, slice) : read_scalar(p, slice);
+#else
+      (void)f;
+      sink ^= read_scalar(p, slice);
+#endif
     }
     best = std::max(best, double(b->n / 256 * 256) / seconds_since(t0) / 1e9);
   }
@@ -131,14 +213,30 @@ double read_bandwidth_gbs(ReadBuffer* b, int threads, int reps) {
   return best;
 }
 
-double vpdpbusd_peak_tops(int threads, double seconds) {
-  if (!(detected_features() & kFeatAvx512Vnni)) throw ValueError("this CPU has no AVX-512 VNNI");
-  return instr_rate(vnni_loop, threads, seconds) * 16 * 4 * 2 / 1e12;  // 16 lanes x 4 MACs x 2 ops
+const std::vector<PeakInsn>& peak_instructions() {
+  static const std::vector<PeakInsn> v = [] {
+    std::vector<PeakInsn> out;
+    for (const PeakLoop& l : peak_loops()) out.push_back(l.insn);
+    return out;
+  }();
+  return v;
 }
 
-double vdpbf16ps_peak_tflops(int threads, double seconds) {
-  if (!(detected_features() & kFeatAvx512Bf16)) throw ValueError("this CPU has no AVX512_BF16");
-  return instr_rate(bf16_loop, threads, seconds) * 16 * 2 * 2 / 1e12;  // 16 lanes x 2 MACs x 2 ops
+double instruction_peak_tops(const std::string& name, int threads, double seconds) {
+  for (const PeakLoop& l : peak_loops()) {
+    if (name != l.insn.name) continue;
+    const uint64_t missing = l.insn.features & ~detected_features();
+    if (missing) {
+      std::string names;
+      for (const auto& n : feature_names(missing)) names += (names.empty() ? "" : ", ") + n;
+      throw ValueError(msg("peak of ", l.insn.what, ": this CPU lacks ", names));
+    }
+    if (threads < 1) throw ValueError(msg("threads = ", threads, " must be >= 1"));
+    return iter_rate(l.loop, threads, seconds) * l.per_iter * l.insn.ops / 1e12;
+  }
+  std::string names;
+  for (const PeakLoop& l : peak_loops()) names += std::string(names.empty() ? "" : ", ") + l.insn.name;
+  throw ValueError(msg("unknown peak instruction '", name, "' (known here: ", names.empty() ? "none" : names, ")"));
 }
 
 }  // namespace moe_cpu::bench

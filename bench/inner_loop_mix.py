@@ -17,11 +17,12 @@ import sys
 
 DOT = ("vpdpbusd", "vdpbf16ps", "vpmaddubsw", "vfmadd231ps", "vfmadd213ps", "vfmadd132ps", "sdot", "fmla", "bfdot",
        "smmla", "bfmmla")
-TILES = {  # kernel file -> the tile template that does the work at M >= 64
+TILES = {  # kernel file -> the tile template (its ::run) or function that does the work at M >= 64
     "w4a8_avx512vnni": "Micro<6, 2>", "w8a8_avx512vnni": "Micro<6, 4>",
     "bf16_avx512bf16": "Micro<4, 4>", "fp8w_avx512bf16": "Micro<8, 1>", "fp8w_avx512vbmi": "Micro<8, 1>",
     "w4a8_avx2vnni": "Micro<4, 1>", "w8a8_avx2vnni": "Micro<4, 1>",
-    "w4a8_avx2": "Micro<4, 1>", "w8a8_avx2": "Micro<4, 1>", "bf16_avx2": "Micro<4, 1>", "fp8w_avx2": "Micro<4, 1>",
+    "w4a8_avx2": "Micro<4, 1>", "w8a8_avx2": "Micro<4, 1>",
+    "bf16_avx2": "FloatAvx2<false>::tiled", "fp8w_avx2": "FloatAvx2<true>::tiled",
     "w4a8_neon_dotprod": "Micro<4, 1>", "w8a8_neon_dotprod": "Micro<4, 1>", "bf16_neon": "Micro<4, 1>",
     "fp8w_neon": "Micro<2, 1>", "bf16_neon_bf16": "Micro<4, 1>", "fp8w_neon_bf16": "Micro<4, 1>",
     "w4a8_neon_i8mm": "Micro<4, 1>", "w8a8_neon_i8mm": "Micro<4, 1>",
@@ -35,7 +36,7 @@ def _is_branch(op: str) -> bool:
 def loop_mix(obj: pathlib.Path, tile: str, objdump: str = "objdump"):
     asm = subprocess.run([objdump, "-d", "--no-show-raw-insn", "-C", str(obj)], capture_output=True, text=True).stdout
     funcs = re.split(r"\n(?=[0-9a-f]+ <)", asm)
-    body = next((f for f in funcs if f"::{tile}::run" in f.splitlines()[0]), None)
+    body = next((f for f in funcs if f"::{tile}::run" in f.splitlines()[0] or f"::{tile}(" in f.splitlines()[0]), None)
     if body is None:
         return None
     ins = []
@@ -72,7 +73,7 @@ def main() -> None:
         total = sum(mix.values())
         dots = sum(v for k, v in mix.items() if k in DOT)
         rest = ", ".join(f"{k} {v}" for k, v in mix.most_common())
-        print(f"{name:<18} {tile:<12} {total:>3} instructions, {dots:>2} dot/FMA: {rest}")
+        print(f"{name:<18} {tile:<24} {total:>3} instructions, {dots:>2} dot/FMA: {rest}")
 
 
 if __name__ == "__main__":

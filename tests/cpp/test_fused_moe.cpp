@@ -36,11 +36,16 @@ struct Acts {
   std::vector<float> s;
   std::vector<int32_t> asum, idx;
   std::vector<uint16_t> b;
+  std::vector<float> f;  // b as fp32 (kernels with f32_acts)
+  void widen() {
+    f.resize(b.size());
+    for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_float(b[i]);
+  }
   ActRows view(const PackedExperts& p, int64_t R) const {
     ActRows a;
     a.rows = R, a.Kp = p.padded_k(), a.row_idx = idx.data(), a.G = p.num_groups();
     if (!q.empty()) a.q = q.data(), a.scale = s.data(), a.asum = asum.data();
-    else a.bf16 = b.data();
+    else a.bf16 = b.data(), a.f32 = f.data();
     return a;
   }
 };
@@ -128,6 +133,7 @@ TEST_P(GemmKernelTest, MatchesDirectComputationOnOddShapes) {
       acts.b.assign(size_t(R * Kp), 0);
       for (int64_t r = 0; r < R; ++r)
         for (int64_t k = 0; k < K; ++k) acts.b[r * Kp + k] = ab[r * K + k];
+      acts.widen();
     }
     // Every kernel reads the same layout, so it runs on these weights whatever dispatch chose,
     // unless the case is outside its limits.
@@ -156,6 +162,76 @@ TEST_P(GemmKernelTest, MatchesDirectComputationOnOddShapes) {
   EXPECT_GE(ran, 5) << kd->name << " supports too few of the cases";
 }
 
+// Random activation rows for `p` (int codes with group sums and scales, or bf16 and fp32).
+Acts random_acts(std::mt19937& g, const PackedExperts& p, int64_t R) {
+  Acts a;
+  const int64_t K = p.in_features, Kp = p.padded_k(), G = p.num_groups(), gl = p.group_len();
+  if (is_int_scheme(p.scheme)) {
+    a.q.assign(size_t(R * Kp), 0);
+    a.asum.assign(size_t(R * G), 0);
+    a.s = test::gaussian(g, size_t(R));
+    const auto q = test::ints(g, size_t(R * K), -127, 127);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t k = 0; k < K; ++k) a.q[r * Kp + k] = q[r * K + k], a.asum[r * G + k / gl] += q[r * K + k];
+  } else {
+    a.b.assign(size_t(R * Kp), 0);
+    const auto x = test::gaussian(g, size_t(R * K));
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t k = 0; k < K; ++k) a.b[r * Kp + k] = float_to_bf16(x[r * K + k]);
+    a.widen();
+  }
+  return a;
+}
+
+// A row's output bits do not depend on the rows computed with it: one row (decode), a few rows
+// and many rows take different tile paths (and K above a float kernel's scratch chunk).
+// (The Eigen reference GEMMs are not batch-invariant: SIMD kernels only.)
+class BatchInvarianceTest : public ::testing::TestWithParam<const KernelDesc*> {};
+
+TEST_P(BatchInvarianceTest, RowBitsDoNotDependOnTheRowsBesideThem) {
+  const KernelDesc* kd = runnable(GetParam());
+  if (const std::string m = test::missing_features(kd->features); !m.empty())
+    GTEST_SKIP() << kd->name << " needs CPU features this machine (or MOE_CPU_ISA) lacks: " << m;
+  auto g = test::rng_for_test();
+  const int64_t E = 1, N = 40, R = 13;
+  for (const int64_t K : {64, 640}) {
+    for (const int64_t group : {int64_t(-1), int64_t(32)}) {
+      SCOPED_TRACE("K=" + std::to_string(K) + " group=" + std::to_string(group));
+      const auto wf = test::gaussian(g, size_t(E * N * K));
+      PackedExperts p;
+      if (kd->scheme == Scheme::kFp8W8A16) p = quantize_experts(wf.data(), E, N, K, kd->scheme, -1, 16, group > 0 ? 96 : K);
+      else if (kd->scheme == Scheme::kInt4W4A8) p = quantize_experts(wf.data(), E, N, K, kd->scheme, group, 128, 128);
+      else p = quantize_experts(wf.data(), E, N, K, kd->scheme, -1, 128, 128);
+      if (kd->supports && !kd->supports(p)) continue;
+      Acts acts = random_acts(g, p, R);
+      acts.idx.resize(size_t(R));
+      for (int64_t r = 0; r < R; ++r) acts.idx[r] = int32_t((r * 5) % R);
+      std::vector<float> all(size_t(R * N));
+      kd->gemm(p, 0, 0, p.num_blocks(), acts.view(p, R), all.data(), N);
+      for (const int64_t rows : {int64_t(1), int64_t(3), int64_t(7)}) {
+        for (int64_t r0 = 0; r0 + rows <= R; r0 += rows) {
+          Acts sub = acts;
+          sub.idx.assign(acts.idx.begin() + r0, acts.idx.begin() + r0 + rows);
+          std::vector<float> part(size_t(rows * N));
+          kd->gemm(p, 0, 0, p.num_blocks(), sub.view(p, rows), part.data(), N);
+          for (int64_t i = 0; i < rows * N; ++i)
+            ASSERT_EQ(float_to_bits(part[i]), float_to_bits(all[r0 * N + i]))
+                << kd->name << ": rows " << rows << " from " << r0 << ", element " << i;
+        }
+      }
+    }
+  }
+}
+
+std::vector<const KernelDesc*> simd_kernels() {
+  std::vector<const KernelDesc*> out;
+  for (const KernelDesc* k : all_kernels())
+    if (std::string(k->isa) != "reference") out.push_back(k);
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(SimdKernels, BatchInvarianceTest, ::testing::ValuesIn(simd_kernels()),
+                         [](const auto& info) { return std::string(info.param->name); });
+
 INSTANTIATE_TEST_SUITE_P(AllKernels, GemmKernelTest, ::testing::ValuesIn(all_kernels()),
                          [](const auto& info) { return std::string(info.param->name); });
 
@@ -180,6 +256,7 @@ TEST_P(Fp8KernelTest, DecodesEveryFiniteCodeExactly) {
   acts.b.assign(size_t(K * p.padded_k()), 0);
   acts.idx.resize(size_t(K));
   for (int64_t r = 0; r < K; ++r) acts.b[r * p.padded_k() + r] = float_to_bf16(1.f), acts.idx[r] = int32_t(r);
+  acts.widen();
   std::vector<float> c(size_t(K * N));
   kd->gemm(p, 0, 0, 1, acts.view(p, K), c.data(), N);
   for (int64_t r = 0; r < K; ++r) EXPECT_EQ(c[r * N], e4m3fn_to_float(codes[r])) << "code " << int(codes[r]);

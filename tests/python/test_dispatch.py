@@ -82,7 +82,7 @@ def test_every_registered_kernel_is_named_by_the_grammar():
 
 
 def test_avx2vnni_level_needs_avx_vnni(tmp_path):
-    code = "import moe_cpu as mc\nmc.force_isa('avx2vnni')\nprint(mc.quantize_experts(__import__('numpy').ones((1, 32, 64), 'float32'), 'int4_w4a8').kernel)\n"
+    code = "import moe_cpu as mc\nmc.force_isa('avx2vnni')\nprint(mc.quantize_experts(__import__('numpy').ones((1, 32, 128), 'float32'), 'int4_w4a8').kernel)\n"
     env = dict(os.environ)
     env.pop("MOE_CPU_ISA", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)

@@ -18,6 +18,7 @@ struct ActRows {
   const int32_t* asum = nullptr;   //   sum of the codes of each weight group: [*, G]
   int64_t G = 0;
   const uint16_t* bf16 = nullptr;  // bf16 / fp8 schemes: bf16 bits [*, Kp]
+  const float* f32 = nullptr;      //   the same values as fp32, for kernels with KernelDesc::f32_acts
 };
 
 struct KernelDesc {
@@ -32,6 +33,7 @@ struct KernelDesc {
   // c[r * ldc + (n - 16 * b0)] = sum over k of a[r, k] * W[e][n, k] with the scheme's numerics.
   void (*gemm)(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                int64_t ldc);
+  bool f32_acts = false;  // bf16 / fp8: reads ActRows::f32 (broadcast fp32), not the bf16 bits
 };
 
 // Best registered kernel for `w` (scheme and shape set) under the active features; the

@@ -30,20 +30,23 @@ void store(void* out, DType t, int64_t i, float v) {
   else static_cast<uint16_t*>(out)[i] = float_to_bf16(v);
 }
 
-// Activation rows prepared for one GEMM: int8 codes + row scale + per-group sums, or bf16 bits;
-// rows have stride Kp and zero padding.
+// Activation rows prepared for one GEMM: int8 codes + row scale + per-group sums, or bf16 bits
+// (and their fp32 values when the kernel reads those); rows have stride Kp and zero padding.
 struct ActBuffer {
   std::vector<int8_t> q;
   std::vector<float> s;
   std::vector<int32_t> asum;
   std::vector<uint16_t> b;
+  std::vector<float> f;
   int64_t K = 0, Kp = 0, gl = 0, G = 0;
-  bool int_scheme = false;
+  bool int_scheme = false, f32 = false;
 
   // Sizes the buffers for `rows` rows (kept allocated across calls; set_row writes every byte).
   void reset(const PackedExperts& w, int64_t rows) {
     K = w.in_features, Kp = w.padded_k(), gl = w.group_len(), G = w.num_groups();
     int_scheme = is_int_scheme(w.scheme);
+    f32 = !int_scheme && w.kernel->f32_acts;
+    if (f32) f.resize(static_cast<size_t>(rows * Kp));
     if (int_scheme) {
       q.resize(static_cast<size_t>(rows * Kp));
       s.resize(static_cast<size_t>(rows));
@@ -57,12 +60,18 @@ struct ActBuffer {
     if (!int_scheme) {
       for (int64_t k = 0; k < K; ++k) b[size_t(row * Kp + k)] = float_to_bf16(x[k]);
       for (int64_t k = K; k < Kp; ++k) b[size_t(row * Kp + k)] = 0;
+      finish_f32(row);
       return;
     }
     int8_t* qr = q.data() + row * Kp;
     if (!quantize_row_int8(x, K, qr, &s[size_t(row)]))
       throw ValueError(msg("non-finite ", what, " cannot be quantized to int8 (check the inputs and weights for overflow)"));
     finish_int_row(row);
+  }
+  // Float schemes: fp32 values of row `row`'s bf16 bits, when the kernel reads them.
+  void finish_f32(int64_t row) {
+    if (!f32) return;
+    for (int64_t k = 0; k < Kp; ++k) f[size_t(row * Kp + k)] = bf16_to_float(b[size_t(row * Kp + k)]);
   }
   // Int schemes: row `row` from x[K] whose amax = max |x| is known and finite.
   void set_int_row(int64_t row, const float* x, float amax) {
@@ -83,7 +92,7 @@ struct ActBuffer {
     ActRows a;
     a.rows = rows, a.Kp = Kp, a.row_idx = row_idx, a.G = G;
     if (int_scheme) a.q = q.data(), a.scale = s.data(), a.asum = asum.data();
-    else a.bf16 = b.data();
+    else a.bf16 = b.data(), a.f32 = f32 ? f.data() : nullptr;
     return a;
   }
 };
@@ -243,6 +252,10 @@ void run_gemm1(const FusedMoeArgs& a, const std::vector<int64_t>& begin, const A
           uint16_t* br = a2.b.data() + p * a2.Kp + s0;
           for (int64_t j = 0; j < n; ++j) br[j] = float_to_bf16(out[j]);
           if (s0 + n == I) std::fill(br + n, br + (a2.Kp - s0), uint16_t(0));
+          if (a2.f32) {
+            float* fr = a2.f.data() + p * a2.Kp + s0;
+            for (int64_t j = 0; j < (s0 + n == I ? a2.Kp - s0 : n); ++j) fr[j] = bf16_to_float(br[j]);
+          }
           continue;
         }
         float* out = h + p * I + s0;
@@ -356,7 +369,8 @@ void fused_experts(const FusedMoeArgs& a) {
   // activation rows (H), and per worker a row of a GEMM1 piece (fp32, at most 2 * 64 + 32 columns,
   // when an expert's rows outgrow kPieceBytes).
   const auto act_row = [](const PackedExperts& w) {  // ActBuffer bytes per row
-    return is_int_scheme(w.scheme) ? w.padded_k() + 4 + 4 * w.num_groups() : 2 * w.padded_k();
+    return is_int_scheme(w.scheme) ? w.padded_k() + 4 + 4 * w.num_groups()
+                                   : (w.kernel->f32_acts ? 6 : 2) * w.padded_k();
   };
   const int64_t I = a.w2->in_features, a1_rows = a.apply_router_weight_on_input ? a.k : 1;
   const int64_t amax_row = is_int_scheme(a.w2->scheme) ? 4 * (((I + 15) / 16 + kMinTileBlocks - 1) / kMinTileBlocks) : 0;

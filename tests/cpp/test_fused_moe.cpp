@@ -223,6 +223,54 @@ TEST_P(BatchInvarianceTest, RowBitsDoNotDependOnTheRowsBesideThem) {
   }
 }
 
+// Int kernels at the extremes of their integer sums: every weight code at its largest magnitude and
+// every activation at +-127 of one sign over a whole group (the AVX2 int4 kernel sums 8 vpmaddubsw
+// results in int16 before widening). Exact in double.
+class IntExtremesTest : public ::testing::TestWithParam<const KernelDesc*> {};
+
+TEST_P(IntExtremesTest, LargestSumsAreExact) {
+  const KernelDesc* kd = runnable(GetParam());
+  if (const std::string m = test::missing_features(kd->features); !m.empty())
+    GTEST_SKIP() << kd->name << " needs CPU features this machine (or MOE_CPU_ISA) lacks: " << m;
+  const int64_t E = 1, N = 32, K = 512, R = 5, group = 128, G = K / group;
+  const bool int4 = kd->scheme == Scheme::kInt4W4A8;
+  for (const int w_sign : {1, -1}) {
+    // int4 symmetric codes in [-8, 7] (stored + 8 in [0, 15]); int8 in [-128, 127]
+    std::vector<int8_t> q(size_t(E * N * K), int8_t(w_sign > 0 ? (int4 ? 7 : 127) : (int4 ? -8 : -128)));
+    const std::vector<float> s(size_t(E * N * G), 1.0f);
+    PackedExperts p = int4 ? pack_int4(q.data(), E, N, K, s.data(), group, nullptr) : pack_int8(q.data(), E, N, K, s.data(), group);
+    if (kd->supports && !kd->supports(p)) continue;
+    Acts acts;
+    const int64_t Kp = p.padded_k();
+    acts.q.assign(size_t(R * Kp), 0);
+    acts.asum.assign(size_t(R * G), 0);
+    acts.s.assign(size_t(R), 1.0f);
+    acts.idx.resize(size_t(R));
+    for (int64_t r = 0; r < R; ++r) {
+      acts.idx[r] = int32_t(r);
+      const int8_t v = r % 2 ? int8_t(-127) : int8_t(127);
+      for (int64_t k = 0; k < K; ++k) acts.q[r * Kp + k] = v, acts.asum[r * G + k / group] += v;
+    }
+    for (const int64_t rows : {int64_t(1), R}) {
+      std::vector<float> got(size_t(rows * N));
+      kd->gemm(p, 0, 0, p.num_blocks(), acts.view(p, rows), got.data(), N);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t n = 0; n < N; ++n)
+          ASSERT_EQ(double(got[r * N + n]), double(q[0]) * (r % 2 ? -127.0 : 127.0) * double(K))
+              << kd->name << " weight sign " << w_sign << ", rows " << rows << ", row " << r << ", column " << n;
+    }
+  }
+}
+
+std::vector<const KernelDesc*> int_kernels() {
+  std::vector<const KernelDesc*> out;
+  for (const KernelDesc* k : all_kernels())
+    if (is_int_scheme(k->scheme)) out.push_back(k);
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(IntKernels, IntExtremesTest, ::testing::ValuesIn(int_kernels()),
+                         [](const auto& info) { return std::string(info.param->name); });
+
 std::vector<const KernelDesc*> simd_kernels() {
   std::vector<const KernelDesc*> out;
   for (const KernelDesc* k : all_kernels())

@@ -72,6 +72,8 @@ template <bool kFp8>
 struct FloatAvx2 {
   static constexpr int64_t kDirectRows = 4;    // more rows: widened scratch + 6-row tiles
   static constexpr int64_t kChunkSteps = 128;  // k-steps (2 k) per scratch chunk: 16 KiB of fp32
+  static constexpr int64_t kStepBytes = kFp8 ? 32 : 64;  // panel bytes per k-step
+  static constexpr int64_t kDecodePrefetchBytes = 2048;   // how far ahead decode prefetches each panel
 
   static __m256 scale256(const PackedExperts& w, const ScaleIndex& sx, int j, int64_t gi, int h) {
     return _mm256_mul_ps(_mm256_load_ps(w.scales.as<float>() + sx(j, gi) + 8 * h), _mm256_set1_ps(256.f));
@@ -96,6 +98,9 @@ struct FloatAvx2 {
       _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)
         _Pragma("GCC unroll 16") for (int j = 0; j < J; ++j) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
       for (int64_t t = s0; t < s1; ++t) {
+        if constexpr (R == 1)  // decode streams weights from DRAM
+          _Pragma("GCC unroll 16") for (int j = 0; j < J; ++j)
+            _mm_prefetch(reinterpret_cast<const char*>(panel[j] + t * kStepBytes + kDecodePrefetchBytes), _MM_HINT_T1);
         _Pragma("GCC unroll 16") for (int j = 0; j < J; ++j) {
           __m256 wv[4];
           widen_step<kFp8>(panel[j], t, wv);
@@ -217,8 +222,14 @@ struct FloatAvx2 {
           _mm256_store_ps(dst, wv[0]), _mm256_store_ps(dst + 8, wv[1]);
           _mm256_store_ps(dst + 16, wv[2]), _mm256_store_ps(dst + 24, wv[3]);
         }
-        for (int64_t r0 = 0; r0 < a.rows; r0 += 6)
+        // The next chunk (of this panel or the next block's) is prefetched a share per row tile.
+        const char* next = reinterpret_cast<const char*>(panel + t1 * kStepBytes);
+        const int64_t next_bytes = chunk * kStepBytes, ntiles = (a.rows + 5) / 6;
+        for (int64_t r0 = 0, i = 0; r0 < a.rows; r0 += 6, ++i) {
+          for (int64_t o = i * next_bytes / ntiles / 64 * 64; o < (i + 1) * next_bytes / ntiles; o += 64)
+            _mm_prefetch(next + o, _MM_HINT_T0);
           tiles_for(a.rows - r0, w, sx, wk, a, r0, t0, t1, t0 == 0, t1 == steps, st);
+        }
       }
       for (int64_t r = 0; r < a.rows; ++r) {
         const __m256 v[2] = {_mm256_load_ps(st + r * 16), _mm256_load_ps(st + r * 16 + 8)};
@@ -231,8 +242,10 @@ struct FloatAvx2 {
                    int64_t ldc) {
     if (a.rows > kDirectRows) return tiled(w, e, b0, b1, a, c, ldc);
     int64_t b = b0;
-    if (a.rows == 1)
+    if (a.rows == 1) {  // 4 blocks: 8 independent FMA chains, 4 panel streams
+      for (; b + 4 <= b1; b += 4) direct<1, 4>(w, e, b, a, 0, c + (b - b0) * 16, ldc);
       for (; b + 2 <= b1; b += 2) direct<1, 2>(w, e, b, a, 0, c + (b - b0) * 16, ldc);
+    }
     for (; b < b1; ++b) {
       float* cb = c + (b - b0) * 16;
       switch (a.rows) {

@@ -57,64 +57,66 @@ struct IntAvx2 {
         __m256i acc[MR][H];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
           _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) acc[r][h] = _mm256_setzero_si256();
-        // int4 with vpmaddubsw: int16 sums of kDefer k-steps (8 products <= 8 * 2 * 15 * 128 < 2^15)
-        // before one vpmaddwd, instead of one per k-step.
-        constexpr int64_t kDefer = kInt4 && D == IntDot::kMaddubs ? 4 : int64_t(1) << 40;
-        for (int64_t q0 = s0; q0 < s1; q0 += kDefer) {
-          [[maybe_unused]] __m256i a16[MR][H];
-          if constexpr (kInt4 && D == IntDot::kMaddubs)
-            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
-              _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) a16[r][h] = _mm256_setzero_si256();
-          for (int64_t t = q0, q1 = std::min(s1, q0 + kDefer); t < q1; ++t) {
-            if constexpr (MR > 1) pf.step();
-            if constexpr (MR == 1)  // decode streams weights from DRAM: each panel ~one panel ahead, into L2
-              _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
-            if constexpr (D != IntDot::kMaddubs) {  // weights first, then one row's broadcasts at a time
-              __m256i u[2 * H];                     // (int4: low nibbles, then high; 15 ymm live at H = 2)
-              _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
-                const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
-                u[h] = kInt4 ? _mm256_and_si256(v, low4) : v;
-                if constexpr (kInt4) u[H + h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        // One k-step into acc (int4 with vpmaddubsw: into the int16 sums a16).
+        [[maybe_unused]] __m256i a16[MR][H];
+        const auto step_at = [&](int64_t t) __attribute__((always_inline)) {
+          if constexpr (MR > 1) pf.step();
+          if constexpr (MR == 1)  // decode streams weights from DRAM: each panel ~one panel ahead, into L2
+            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
+          if constexpr (D != IntDot::kMaddubs) {  // weights first, then one row's broadcasts at a time
+            __m256i u[2 * H];                     // (int4: low nibbles, then high; 15 ymm live at H = 2)
+            _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
+              const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
+              u[h] = kInt4 ? _mm256_and_si256(v, low4) : v;
+              if constexpr (kInt4) u[H + h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+              int32_t a0;
+              std::memcpy(&a0, arow[r] + t * step, 4);
+              const __m256i b0 = _mm256_set1_epi32(a0);
+              _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) dpbusd_ymm<D>(acc[r][h], u[h], b0);
+              if constexpr (kInt4) {
+                std::memcpy(&a0, arow[r] + t * 8 + 4, 4);
+                const __m256i b1 = _mm256_set1_epi32(a0);
+                _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) dpbusd_ymm<D>(acc[r][h], u[H + h], b1);
               }
-              _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-                int32_t a0;
-                std::memcpy(&a0, arow[r] + t * step, 4);
-                const __m256i b0 = _mm256_set1_epi32(a0);
-                _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) dpbusd_ymm<D>(acc[r][h], u[h], b0);
-                if constexpr (kInt4) {
-                  std::memcpy(&a0, arow[r] + t * 8 + 4, 4);
-                  const __m256i b1 = _mm256_set1_epi32(a0);
-                  _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) dpbusd_ymm<D>(acc[r][h], u[H + h], b1);
+            }
+          } else {  // vpmaddubsw + vpmaddwd
+            _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
+              const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
+              if constexpr (kInt4) {
+                const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+                  int32_t a0, a1;
+                  std::memcpy(&a0, arow[r] + t * 8, 4);
+                  std::memcpy(&a1, arow[r] + t * 8 + 4, 4);
+                  a16[r][h] = _mm256_add_epi16(a16[r][h], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a0)));
+                  a16[r][h] = _mm256_add_epi16(a16[r][h], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a1)));
                 }
-              }
-            } else {  // vpmaddubsw + vpmaddwd
-              _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
-                const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
-                if constexpr (kInt4) {
-                  const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-                  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-                    int32_t a0, a1;
-                    std::memcpy(&a0, arow[r] + t * 8, 4);
-                    std::memcpy(&a1, arow[r] + t * 8 + 4, 4);
-                    a16[r][h] = _mm256_add_epi16(a16[r][h], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a0)));
-                    a16[r][h] = _mm256_add_epi16(a16[r][h], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a1)));
-                  }
-                } else {
-                  const __m256i sw = _mm256_xor_si256(v, flip), aw = _mm256_abs_epi8(sw);
-                  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-                    int32_t a0;
-                    std::memcpy(&a0, arow[r] + t * 4, 4);
-                    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(a0), sw));
-                    acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(p, ones));
-                  }
+              } else {
+                const __m256i sw = _mm256_xor_si256(v, flip), aw = _mm256_abs_epi8(sw);
+                _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+                  int32_t a0;
+                  std::memcpy(&a0, arow[r] + t * 4, 4);
+                  const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(a0), sw));
+                  acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(p, ones));
                 }
               }
             }
           }
-          if constexpr (kInt4 && D == IntDot::kMaddubs)
+        };
+        if constexpr (kInt4 && D == IntDot::kMaddubs) {
+          // int16 sums of 4 k-steps (8 products <= 8 * 2 * 15 * 128 < 2^15), then one vpmaddwd.
+          for (int64_t q0 = s0; q0 < s1; q0 += 4) {
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+              _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) a16[r][h] = _mm256_setzero_si256();
+            for (int64_t t = q0, q1 = std::min(s1, q0 + 4); t < q1; ++t) step_at(t);
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
               _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h)
                 acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(a16[r][h], ones));
+          }
+        } else {
+          for (int64_t t = s0; t < s1; ++t) step_at(t);
         }
         _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
           const int64_t si = sx(h / 2, gi) + (h % 2) * 8;

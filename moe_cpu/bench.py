@@ -260,6 +260,62 @@ def peers(args, rng):
     return rows
 
 
+def torch_peer(rng, threads, ms=(1, 1024)):
+    """Qwen3 shape, bf16 scheme against torch on the CPU: a vLLM-style loop over the experts (gather
+    the expert's rows, linear, SiLU and mul, linear, router weight, index_add) on the same weights as
+    fp32 and as bf16 tensors. Runs where torch is installed."""
+    # torch held to the same tier as a forced MOE_CPU_ISA level (its own variables, unless set).
+    level = os.environ.get("MOE_CPU_ISA", "native")
+    held = {"avx2": ("avx2", "AVX2"), "avx2vnni": ("avx2", "AVX2_VNNI"), "reference": ("default", "SSE41")}.get(level)
+    if held:
+        os.environ.setdefault("ATEN_CPU_CAPABILITY", held[0])
+        os.environ.setdefault("ONEDNN_MAX_CPU_ISA", held[1])
+    try:
+        import torch
+    except ImportError:
+        print("\ntorch peer: torch is not installed (pip install torch==2.13.0 takes the CPU wheel)")
+        return []
+    torch.set_num_threads(threads)
+    H, I, _, k, E, _ = SHAPES["qwen3-30b-a3b"]
+    w13, w2 = random_packed(rng, "bf16", E, 2 * I, H), random_packed(rng, "bf16", E, H, I)
+    t13, t2 = torch.from_numpy(w13.unpack()), torch.from_numpy(w2.unpack())
+    weights = {"fp32": (t13, t2), "bf16": (t13.to(torch.bfloat16), t2.to(torch.bfloat16))}
+    F = torch.nn.functional
+
+    def loop(x, ids, tw, a13, a2):
+        out = torch.zeros(x.shape[0], H, dtype=x.dtype)
+        for e in torch.unique(ids).tolist():
+            rows, cols = torch.nonzero(ids == e, as_tuple=True)
+            y = F.linear(x[rows], a13[e])
+            out.index_add_(0, rows, F.linear(F.silu(y[:, :I]) * y[:, I:], a2[e]) * tw[rows, cols, None])
+        return out
+
+    print(f"\ntorch {torch.__version__} peer (qwen3-30b-a3b shape, vLLM-style loop over experts, {threads} threads): "
+          "ms per call (GFLOPS)" + (f"; torch held to ATEN_CPU_CAPABILITY={os.environ['ATEN_CPU_CAPABILITY']}, "
+                                     f"ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']}" if held else ""))
+    print(f"{'M':>5} {'moe_cpu bf16':>20} {'torch fp32 weights':>20} {'torch bf16 weights':>20} {'x fp32':>7} {'x bf16':>7}")
+    rows = []
+    with torch.inference_mode():
+        for M in ms:
+            x = rng.standard_normal((M, H), dtype=np.float32)
+            tw = np.full((M, k), 1.0 / k, np.float32)
+            ids = np.ascontiguousarray(np.argsort(rng.random((M, E)), axis=1)[:, :k], dtype=np.int32)
+            ops = 2.0 * M * k * 3 * H * I
+            t_ours = timed(lambda: moe_cpu.fused_experts(x, w13, w2, tw, ids), 0.5)
+            r = dict(M=M, kernel=w13.kernel, moe_cpu_ms=t_ours * 1e3, moe_cpu_gflops=ops / t_ours / 1e9,
+                     torch_version=torch.__version__, torch_held_to=held)
+            for name, (a13, a2) in weights.items():
+                dt = a13.dtype
+                xt, twt, idt = torch.from_numpy(x).to(dt), torch.from_numpy(tw).to(dt), torch.from_numpy(ids).long()
+                t = timed(lambda: loop(xt, idt, twt, a13, a2), 0.5, 10)
+                r[f"torch_{name}_ms"], r[f"torch_{name}_gflops"] = t * 1e3, ops / t / 1e9
+            rows.append(r)
+            cell = lambda n: f"{r[n + '_ms']:>9.2f} ({r[n + '_gflops']:>6.1f})"
+            print(f"{M:>5} {cell('moe_cpu'):>20} {cell('torch_fp32'):>20} {cell('torch_bf16'):>20} "
+                  f"{r['torch_fp32_ms'] / r['moe_cpu_ms']:>7.1f} {r['torch_bf16_ms'] / r['moe_cpu_ms']:>7.1f}")
+    return rows
+
+
 def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -308,7 +364,9 @@ def main(argv=None) -> int:
     p.add_argument("--m", type=_m_list, default=list(MS), help="token counts, e.g. 1,16,256")
     p.add_argument("--experts", type=int, default=0, help="use this many experts for every shape (0: the table's)")
     p.add_argument("--quick", action="store_true", help="Qwen3 shape, M = 1, 16, 256")
-    p.add_argument("--no-peers", action="store_true", help="skip the reference / NumPy comparison")
+    p.add_argument("--no-peers", action="store_true", help="skip the reference / NumPy / torch comparisons")
+    p.add_argument("--torch-peer-only", action="store_true",
+                   help="of the comparisons, only torch's (bf16 scheme; where torch is installed)")
     p.add_argument("--out", default="bench_out", help="output directory (default ./bench_out)")
     a = p.parse_args(argv)
     if a.quick:
@@ -316,13 +374,15 @@ def main(argv=None) -> int:
     a.ms = tuple(a.m)
     try:
         limits, rows = run(a)
-        peer_rows = [] if a.no_peers else peers(a, np.random.default_rng(2))
+        peer_rows = [] if a.no_peers or a.torch_peer_only else peers(a, np.random.default_rng(2))
+        torch_rows = [] if a.no_peers else torch_peer(np.random.default_rng(3), limits["threads"])
     except ValueError as e:
         print(f"moe-cpu bench: error: {e}", file=sys.stderr)
         return 2
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "bench_moe.json"), "w") as f:
-        json.dump({"limits": limits, "features": moe_cpu.cpu_features(), "rows": rows, "peers": peer_rows}, f, indent=1)
+        json.dump({"limits": limits, "features": moe_cpu.cpu_features(), "rows": rows, "peers": peer_rows,
+                   "torch_peer": torch_rows}, f, indent=1)
     try:
         plot(rows, os.path.join(a.out, "bench_moe.png"))
     except ImportError:

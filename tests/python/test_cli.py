@@ -5,6 +5,7 @@ import platform
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import moe_cpu
@@ -101,3 +102,9 @@ def test_bench_topk_above_experts(tmp_path, capsys):
     assert cli.main(["bench", "--shapes", "qwen3-30b-a3b", "--experts", "4", "--no-peers",
                      "--out", str(tmp_path / "x")]) == 2
     assert "--experts 4" in capsys.readouterr().err
+
+
+def test_torch_peer_says_how_to_get_torch_when_it_is_missing(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    assert bench.torch_peer(np.random.default_rng(0), 1) == []
+    assert "pip install torch==2.13.0" in capsys.readouterr().out

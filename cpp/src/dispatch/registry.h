@@ -18,7 +18,7 @@ struct ActRows {
   const int32_t* asum = nullptr;   //   sum of the codes of each weight group: [*, G]
   int64_t G = 0;
   const uint16_t* bf16 = nullptr;  // bf16 / fp8 schemes: bf16 bits [*, Kp]
-  const float* f32 = nullptr;      //   the same values as fp32, for kernels with KernelDesc::f32_acts
+  const float* f32 = nullptr;      //   or, for kernels with KernelDesc::f32_acts, those values as fp32
 };
 
 struct KernelDesc {

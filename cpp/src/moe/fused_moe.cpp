@@ -31,7 +31,7 @@ void store(void* out, DType t, int64_t i, float v) {
 }
 
 // Activation rows prepared for one GEMM: int8 codes + row scale + per-group sums, or bf16 bits
-// (and their fp32 values when the kernel reads those); rows have stride Kp and zero padding.
+// (or, for a kernel with f32_acts, their fp32 values); rows have stride Kp and zero padding.
 struct ActBuffer {
   std::vector<int8_t> q;
   std::vector<float> s;
@@ -46,32 +46,37 @@ struct ActBuffer {
     K = w.in_features, Kp = w.padded_k(), gl = w.group_len(), G = w.num_groups();
     int_scheme = is_int_scheme(w.scheme);
     f32 = !int_scheme && w.kernel->f32_acts;
-    if (f32) f.resize(static_cast<size_t>(rows * Kp));
     if (int_scheme) {
       q.resize(static_cast<size_t>(rows * Kp));
       s.resize(static_cast<size_t>(rows));
       asum.resize(static_cast<size_t>(rows * G));
+    } else if (f32) {
+      f.resize(static_cast<size_t>(rows * Kp));
     } else {
       b.resize(static_cast<size_t>(rows * Kp));
     }
   }
   // Fills buffer row `row` (and its zero padding) from fp32 values x[K]; `what` names them in errors.
   void set_row(int64_t row, const float* x, const char* what) {
-    if (!int_scheme) {
-      for (int64_t k = 0; k < K; ++k) b[size_t(row * Kp + k)] = float_to_bf16(x[k]);
-      for (int64_t k = K; k < Kp; ++k) b[size_t(row * Kp + k)] = 0;
-      finish_f32(row);
-      return;
-    }
+    if (!int_scheme) return set_float_span(row, 0, x, K);
     int8_t* qr = q.data() + row * Kp;
     if (!quantize_row_int8(x, K, qr, &s[size_t(row)]))
       throw ValueError(msg("non-finite ", what, " cannot be quantized to int8 (check the inputs and weights for overflow)"));
     finish_int_row(row);
   }
-  // Float schemes: fp32 values of row `row`'s bf16 bits, when the kernel reads them.
-  void finish_f32(int64_t row) {
-    if (!f32) return;
-    for (int64_t k = 0; k < Kp; ++k) f[size_t(row * Kp + k)] = bf16_to_float(b[size_t(row * Kp + k)]);
+  // Float schemes: values [k0, k0 + n) of row `row` rounded to bf16 (kept as bits, or as fp32 for
+  // an f32_acts kernel); a span that ends at K also writes the zero padding.
+  void set_float_span(int64_t row, int64_t k0, const float* x, int64_t n) {
+    const int64_t end = k0 + n == K ? Kp : k0 + n;
+    if (f32) {
+      float* fr = f.data() + row * Kp;
+      for (int64_t j = 0; j < n; ++j) fr[k0 + j] = bf16_to_float(float_to_bf16(x[j]));
+      std::fill(fr + k0 + n, fr + end, 0.f);
+    } else {
+      uint16_t* br = b.data() + row * Kp;
+      for (int64_t j = 0; j < n; ++j) br[k0 + j] = float_to_bf16(x[j]);
+      std::fill(br + k0 + n, br + end, uint16_t(0));
+    }
   }
   // Int schemes: row `row` from x[K] whose amax = max |x| is known and finite.
   void set_int_row(int64_t row, const float* x, float amax) {
@@ -92,7 +97,8 @@ struct ActBuffer {
     ActRows a;
     a.rows = rows, a.Kp = Kp, a.row_idx = row_idx, a.G = G;
     if (int_scheme) a.q = q.data(), a.scale = s.data(), a.asum = asum.data();
-    else a.bf16 = b.data(), a.f32 = f32 ? f.data() : nullptr;
+    else if (f32) a.f32 = f.data();
+    else a.bf16 = b.data();
     return a;
   }
 };
@@ -249,13 +255,7 @@ void run_gemm1(const FusedMoeArgs& a, const std::vector<int64_t>& begin, const A
         if (!int_scheme) {
           float* out = worker_buffer(n);
           gated_activation(a.activation, gr, ur, st, n, out);
-          uint16_t* br = a2.b.data() + p * a2.Kp + s0;
-          for (int64_t j = 0; j < n; ++j) br[j] = float_to_bf16(out[j]);
-          if (s0 + n == I) std::fill(br + n, br + (a2.Kp - s0), uint16_t(0));
-          if (a2.f32) {
-            float* fr = a2.f.data() + p * a2.Kp + s0;
-            for (int64_t j = 0; j < (s0 + n == I ? a2.Kp - s0 : n); ++j) fr[j] = bf16_to_float(br[j]);
-          }
+          a2.set_float_span(p, s0, out, n);
           continue;
         }
         float* out = h + p * I + s0;
@@ -370,7 +370,7 @@ void fused_experts(const FusedMoeArgs& a) {
   // when an expert's rows outgrow kPieceBytes).
   const auto act_row = [](const PackedExperts& w) {  // ActBuffer bytes per row
     return is_int_scheme(w.scheme) ? w.padded_k() + 4 + 4 * w.num_groups()
-                                   : (w.kernel->f32_acts ? 6 : 2) * w.padded_k();
+                                   : (w.kernel->f32_acts ? 4 : 2) * w.padded_k();
   };
   const int64_t I = a.w2->in_features, a1_rows = a.apply_router_weight_on_input ? a.k : 1;
   const int64_t amax_row = is_int_scheme(a.w2->scheme) ? 4 * (((I + 15) / 16 + kMinTileBlocks - 1) / kMinTileBlocks) : 0;

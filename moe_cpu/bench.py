@@ -264,9 +264,11 @@ def torch_peer(rng, threads, ms=(1, 1024)):
     """Qwen3 shape, bf16 scheme against torch on the CPU: a vLLM-style loop over the experts (gather
     the expert's rows, linear, SiLU and mul, linear, router weight, index_add) on the same weights as
     fp32 and as bf16 tensors. Runs where torch is installed."""
-    # torch held to the same tier as a forced MOE_CPU_ISA level (its own variables, unless set).
-    level = os.environ.get("MOE_CPU_ISA", "native")
+    # torch held to the same tier as a forced ISA level (its own variables, unless set; they are
+    # read when torch is imported, so not when it already was).
+    level = moe_cpu.cpu_features()["isa"]
     held = {"avx2": ("avx2", "AVX2"), "avx2vnni": ("avx2", "AVX2_VNNI"), "reference": ("default", "SSE41")}.get(level)
+    held = None if "torch" in sys.modules else held
     if held:
         os.environ.setdefault("ATEN_CPU_CAPABILITY", held[0])
         os.environ.setdefault("ONEDNN_MAX_CPU_ISA", held[1])

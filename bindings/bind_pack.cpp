@@ -53,14 +53,15 @@ py::array int_scales(py::handle h, int64_t E, int64_t N, int64_t K, int64_t grou
 // int8 q, fp8 codes, bf16 bits.
 py::array codes_array(const PackedExperts& p) {
   const int64_t E = p.num_experts, N = p.out_features, K = p.in_features;
-  const char* dt = p.scheme == Scheme::kBf16 ? "uint16" : (p.scheme == Scheme::kFp8W8A16 || p.has_zeros) ? "uint8" : "int8";
+  const bool raw = p.scheme == Scheme::kFp8W8A16 || p.has_zeros || p.has_codebook;
+  const char* dt = p.scheme == Scheme::kBf16 ? "uint16" : raw ? "uint8" : "int8";
   py::array out(py::dtype(dt), {E, N, K});
   const auto isz = out.itemsize();
   auto* dst = static_cast<uint8_t*>(out.mutable_data());
   std::vector<uint16_t> u(static_cast<size_t>(K));
   for (int64_t r = 0; r < E * N; ++r) {
     p.code_row(r / N, r % N, u.data());
-    const bool shift = is_int_scheme(p.scheme) && !p.has_zeros;  // signed q = u - implicit zero
+    const bool shift = is_int_scheme(p.scheme) && !raw;  // signed q = u - implicit zero
     for (int64_t k = 0; k < K; ++k) {
       const int v = shift ? int(u[size_t(k)]) - p.zero(r / N, r % N, 0) : int(u[size_t(k)]);
       if (isz == 2) reinterpret_cast<uint16_t*>(dst)[r * K + k] = uint16_t(v);
@@ -70,8 +71,8 @@ py::array codes_array(const PackedExperts& p) {
   return out;
 }
 
-// Scales back in checkpoint order: [E, N, G] (int), [E, ceil(N/bn), KB] (fp8).
-py::array scales_array(const PackedExperts& p) {
+// Scales (or mins) back in checkpoint order: [E, N, G] (int), [E, ceil(N/bn), KB] (fp8).
+py::array scales_array(const PackedExperts& p, bool mins = false) {
   const bool fp8 = p.scheme == Scheme::kFp8W8A16;
   const int64_t E = p.num_experts, G = p.num_groups(), step = fp8 ? p.block_n : 1;
   const int64_t rows = (p.out_features + step - 1) / step;
@@ -79,8 +80,13 @@ py::array scales_array(const PackedExperts& p) {
   float* d = s.mutable_data();
   for (int64_t e = 0; e < E; ++e)
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t gi = 0; gi < G; ++gi) d[(e * rows + r) * G + gi] = p.scale(e, r * step, gi);
+      for (int64_t gi = 0; gi < G; ++gi) d[(e * rows + r) * G + gi] = mins ? p.min(e, r * step, gi) : p.scale(e, r * step, gi);
   return s;
+}
+
+py::object codebook_of(const PackedExperts& p) {
+  if (!p.has_codebook) return py::none();
+  return py::array_t<int8_t>(16, p.codebook);
 }
 
 py::dict unpack_quantized(const PackedExperts& p) {
@@ -91,6 +97,8 @@ py::dict unpack_quantized(const PackedExperts& p) {
     case Scheme::kInt8W8A8:
       d["qweight"] = codes_array(p);
       d["scales"] = scales_array(p);
+      d["mins"] = p.has_mins ? py::object(scales_array(p, true)) : py::object(py::none());
+      if (p.scheme == Scheme::kInt4W4A8) d["codebook"] = codebook_of(p);
       if (p.scheme == Scheme::kInt4W4A8) {
         if (p.has_zeros) {
           py::array_t<uint8_t> z({E, N, G});
@@ -128,6 +136,11 @@ void bind_pack(py::module_& m) {
         return py::make_tuple(p.block_n, p.group_size);
       }, "fp8: (block_n, block_k); None for other schemes.")
       .def_property_readonly("has_zeros", [](const PackedExperts& p) { return p.has_zeros; }, "True when int4 weights carry zero points.")
+      .def_property_readonly("has_mins", [](const PackedExperts& p) { return p.has_mins; }, "True when int weights carry float group offsets (w = s * q - m).")
+      .def_property_readonly("codebook", &codebook_of, "int4 with a codebook: int8 [16], the value of each 4-bit code; else None.")
+      .def_property_readonly("form", [](const PackedExperts& p) { return p.form(); },
+                             "The weight form: int4, int4+zeros, int4+codebook, int4+mins, int4+codebook+mins, "
+                             "int8, int8+mins, fp8 or bf16.")
       .def_property_readonly("nbytes", [](const PackedExperts& p) { return p.nbytes(); }, "Bytes of packed weights, scales and zero points.")
       .def_property_readonly("kernel", [](const PackedExperts& p) { return std::string(p.kernel->name); }, "Name of the kernel the weights were packed for, e.g. w4a8_reference.")
       .def("unpack", [](const PackedExperts& p) {
@@ -138,8 +151,9 @@ void bind_pack(py::module_& m) {
         return out;
       }, "Dequantized float32 weights [E, N, K].")
       .def("unpack_quantized", &unpack_quantized,
-           "The stored codes and scales as arrays: int4 {qweight, scales, zeros}, int8 {qweight, scales}, "
-           "fp8 {weight, scale_inv}, bf16 {weight}.")
+           "The stored codes and scales as arrays: int4 {qweight, scales, zeros, codebook, mins}, int8 {qweight, "
+           "scales, mins}, fp8 {weight, scale_inv}, bf16 {weight}. With a codebook (or zeros) qweight holds the "
+           "uint8 codes; unused entries are None.")
       .def("save", [](const PackedExperts& p, py::object path_like) {
         const std::string path = py::module_::import("os").attr("fspath")(path_like).cast<std::string>();
         py::gil_scoped_release nogil;
@@ -148,35 +162,46 @@ void bind_pack(py::module_& m) {
            "Write the packed weights to a versioned, checksummed file (see docs/formats.md); "
            "moe_cpu.load_packed maps it back without a copy.")
       .def("__repr__", [](const PackedExperts& p) {
-        return msg("PackedExperts(scheme=", scheme_name(p.scheme), ", E=", p.num_experts, ", N=", p.out_features,
+        return msg("PackedExperts(scheme=", scheme_name(p.scheme), ", form=", p.form(), ", E=", p.num_experts, ", N=", p.out_features,
                    ", K=", p.in_features, ", group_size=", p.group_size, ", kernel=", p.kernel->name,
                    ", nbytes=", p.nbytes(), ")");
       });
 
-  m.def("pack_int4", [](py::handle q_h, py::handle s_h, int64_t group, py::handle z_h) {
-    const bool zp = !z_h.is_none();
-    auto q = array_arg(q_h, "qweight", {zp ? ElemType::kU8 : ElemType::kI8}, 3);
+  m.def("pack_int4", [](py::handle q_h, py::handle s_h, int64_t group, py::handle z_h, py::handle cb_h, py::handle m_h) {
+    const bool zp = !z_h.is_none(), cb = !cb_h.is_none();
+    auto q = array_arg(q_h, "qweight", {zp || cb ? ElemType::kU8 : ElemType::kI8}, 3);
     const int64_t E = q.shape(0), N = q.shape(1), K = q.shape(2);
     auto s = int_scales(s_h, E, N, K, group, false);
     std::vector<float> sf = scales_f32(s);
-    py::array z;
+    py::array z, c;
     if (zp) {
       z = array_arg(z_h, "zeros", {ElemType::kU8, ElemType::kI8}, 3);
       require_shape(z, "zeros", {E, N, s.shape(2)}, "the scales shape [E, N, G]");
     }
+    if (cb) {
+      c = array_arg(cb_h, "codebook", {ElemType::kI8}, 1);
+      require_shape(c, "codebook", {16}, "[16] (one int8 value per 4-bit code)");
+    }
+    std::vector<float> mf;
+    if (!m_h.is_none()) mf = scales_f32(int_scales(m_h, E, N, K, group, false, "mins"));
     py::gil_scoped_release nogil;
     return share(pack_int4(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
-                           zp ? static_cast<const uint8_t*>(z.data()) : nullptr));
-  }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("zeros"));
+                           zp ? static_cast<const uint8_t*>(z.data()) : nullptr,
+                           cb ? static_cast<const int8_t*>(c.data()) : nullptr, mf.empty() ? nullptr : mf.data()));
+  }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("zeros"), py::arg("codebook"),
+     py::arg("mins"));
 
-  m.def("pack_int8", [](py::handle q_h, py::handle s_h, int64_t group) {
+  m.def("pack_int8", [](py::handle q_h, py::handle s_h, int64_t group, py::handle m_h) {
     auto q = array_arg(q_h, "qweight", {ElemType::kI8}, 3);
     const int64_t E = q.shape(0), N = q.shape(1), K = q.shape(2);
     auto s = int_scales(s_h, E, N, K, group, true);
     std::vector<float> sf = scales_f32(s);
+    std::vector<float> mf;
+    if (!m_h.is_none()) mf = scales_f32(int_scales(m_h, E, N, K, group, true, "mins"));
     py::gil_scoped_release nogil;
-    return share(pack_int8(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group));
-  }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"));
+    return share(pack_int8(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
+                           mf.empty() ? nullptr : mf.data()));
+  }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("mins"));
 
   m.def("pack_fp8", [](py::handle w_h, py::handle s_h, int64_t bn, int64_t bk) {
     auto w = array_arg(w_h, "weight", {ElemType::kU8}, 3);

@@ -36,27 +36,50 @@ def _int_arg(v: object, name: str) -> int:
     return int(v)
 
 
+def _codebook_arg(codebook: object) -> object:
+    """A list / tuple of 16 ints -> int8 array (range-checked); arrays go to the core as they are."""
+    if codebook is None or isinstance(codebook, np.ndarray):
+        return codebook
+    if not isinstance(codebook, (list, tuple)):
+        raise TypeError(f"codebook must be an int8 array or a sequence of 16 ints, got {type(codebook).__name__}")
+    vals = [_int_arg(v, "codebook entry") for v in codebook]
+    bad = [v for v in vals if not -128 <= v <= 127]
+    if bad:
+        raise ValueError(f"codebook value {bad[0]} is outside the int8 range [-128, 127]")
+    return np.array(vals, np.int8)
+
+
 def pack_int4(qweight: np.ndarray, scales: np.ndarray, group_size: int = 128,
-              zeros: Optional[np.ndarray] = None) -> PackedExperts:
+              zeros: Optional[np.ndarray] = None, *, codebook: object = None,
+              mins: Optional[np.ndarray] = None) -> PackedExperts:
     """Pack pre-quantized INT4 expert weights for the W4A8 scheme.
 
     Args:
-        qweight: int8 ``[E, N, K]`` with values in [-8, 7] (symmetric), or uint8 in [0, 15] when
-            ``zeros`` is given.
+        qweight: int8 ``[E, N, K]`` with values in [-8, 7] (symmetric), or uint8 codes in [0, 15]
+            when ``zeros`` or ``codebook`` is given.
         scales: float32 or bfloat16 ``[E, N, K // group_size]`` (``[E, N, 1]`` for per channel).
         group_size: a positive multiple of 32 that divides K, or -1 for one scale per channel.
         zeros: optional uint8/int8 zero points ``[E, N, K // group_size]`` in [0, 15].
+        codebook: optional int8 ``[16]`` (or 16 ints): the integer value of each 4-bit code, e.g.
+            IQ4_NL's table, MXFP4's e2m1 values times 2, or ``range(16)`` for unsigned codes.
+            Not with ``zeros``.
+        mins: optional float32 ``[E, N, K // group_size]`` group offsets, subtracted after scaling.
 
     Returns:
-        PackedExperts; the dequantized weight is ``(q - zero) * scale`` (zero = 0 when symmetric).
+        PackedExperts; the dequantized weight is ``value * scale - min``, with value = q (symmetric),
+        q - zero (zero points) or codebook[q], and min = 0 without ``mins``.
     """
-    return _core.pack_int4(qweight, _bf16_bits(scales), _int_arg(group_size, "group_size"), zeros)
+    return _core.pack_int4(qweight, _bf16_bits(scales), _int_arg(group_size, "group_size"), zeros,
+                           _codebook_arg(codebook), None if mins is None else _bf16_bits(mins))
 
 
-def pack_int8(qweight: np.ndarray, scales: np.ndarray, group_size: int = -1) -> PackedExperts:
+def pack_int8(qweight: np.ndarray, scales: np.ndarray, group_size: int = -1, *,
+              mins: Optional[np.ndarray] = None) -> PackedExperts:
     """Pack INT8 expert weights (W8A8). scales: float32 ``[E, N]`` or ``[E, N, 1]`` per channel,
-    or ``[E, N, K // group_size]`` with a group size that divides K."""
-    return _core.pack_int8(qweight, _bf16_bits(scales), _int_arg(group_size, "group_size"))
+    or ``[E, N, K // group_size]`` with a group size that divides K (16 for GGUF Q6_K).
+    mins: optional float32 group offsets of the scales' shape; the weight is ``q * scale - min``."""
+    return _core.pack_int8(qweight, _bf16_bits(scales), _int_arg(group_size, "group_size"),
+                           None if mins is None else _bf16_bits(mins))
 
 
 def _block(block_size: object) -> Tuple[int, int]:

@@ -207,9 +207,11 @@ def quantize_activations_int8(x):
 class RefWeights:
     """One quantized expert tensor [E,N,K] as the reference sees it.
 
-    scheme: one of SCHEMES. codes: int8 (int4/int8; uint8 0..15 for int4 with zeros), uint8 e4m3fn codes
-    (fp8) or uint16 bits (bf16). scales: float32 [E,N,G] (int), [E,ceil(N/bn),ceil(K/bk)] (fp8), None (bf16).
-    zeros: uint8 [E,N,G] or None. group_size: g or -1 (int schemes). block: (bn, bk) for fp8, else None.
+    scheme: one of SCHEMES. codes: int8 (int4/int8; uint8 0..15 for int4 with zeros or a codebook), uint8
+    e4m3fn codes (fp8) or uint16 bits (bf16). scales: float32 [E,N,G] (int), [E,ceil(N/bn),ceil(K/bk)] (fp8),
+    None (bf16). zeros: uint8 [E,N,G] or None. group_size: g or -1 (int schemes). block: (bn, bk) for fp8.
+    codebook: int4 only, 16 ints: the value of each code, or None. mins: float32 [E,N,G] group offsets
+    (the weight is value * scale - min), or None.
     """
     scheme: str
     codes: np.ndarray
@@ -217,6 +219,8 @@ class RefWeights:
     zeros: np.ndarray | None = None
     group_size: int = -1
     block: tuple | None = None
+    codebook: np.ndarray | None = None
+    mins: np.ndarray | None = None
 
     @property
     def shape(self):
@@ -228,22 +232,24 @@ class RefWeights:
         return self.codes.shape[2] if self.group_size == -1 else self.group_size
 
     @classmethod
-    def int4(cls, qweight, scales, group_size=128, zeros=None):
-        """int4_w4a8: qweight int8 [-8,7] (or uint8 [0,15] with zeros), scales f32/bf16 [E,N,G]."""
-        return cls._int("int4_w4a8", qweight, scales, group_size, zeros)
+    def int4(cls, qweight, scales, group_size=128, zeros=None, codebook=None, mins=None):
+        """int4_w4a8: qweight int8 [-8,7] (or uint8 [0,15] with zeros or codebook), scales f32/bf16 [E,N,G]."""
+        return cls._int("int4_w4a8", qweight, scales, group_size, zeros, codebook, mins)
 
     @classmethod
-    def int8(cls, qweight, scales, group_size=-1):
+    def int8(cls, qweight, scales, group_size=-1, mins=None):
         """int8_w8a8: qweight int8, scales [E,N], [E,N,1] or [E,N,K//g]."""
-        return cls._int("int8_w8a8", qweight, scales, group_size, None)
+        return cls._int("int8_w8a8", qweight, scales, group_size, None, None, mins)
 
     @classmethod
-    def _int(cls, scheme, qweight, scales, group_size, zeros):
+    def _int(cls, scheme, qweight, scales, group_size, zeros, codebook=None, mins=None):
         q = np.asarray(qweight)
         E, N, K = q.shape
         s = to_float32_values(scales).reshape(E, N, -1)
         z = None if zeros is None else np.asarray(zeros).astype(np.uint8).reshape(E, N, -1)
-        w = cls(scheme, q, s, z, int(group_size), None)
+        cb = None if codebook is None else np.asarray(codebook, np.int64).reshape(16)
+        m = None if mins is None else to_float32_values(mins).reshape(E, N, -1)
+        w = cls(scheme, q, s, z, int(group_size), None, cb, m)
         if s.shape[2] != K // w.group:
             raise ValueError(f"scales {s.shape} do not match K={K} and group_size={group_size}")
         return w
@@ -282,6 +288,8 @@ class RefWeights:
     def _int_codes(self, e):
         """Expert e's integer codes with zero points removed: int64 [N,K]."""
         q = self.codes[e].astype(np.int64)
+        if self.codebook is not None:
+            return self.codebook[q]
         if self.zeros is not None:
             q = q - np.repeat(self.zeros[e].astype(np.int64), self.group, axis=1)
         return q
@@ -291,7 +299,10 @@ class RefWeights:
         E, N, K = self.codes.shape
         if self.scheme in ("int4_w4a8", "int8_w8a8"):
             q = np.stack([self._int_codes(e) for e in range(E)]).astype(np.float64)
-            return q * np.repeat(self.scales.astype(np.float64), self.group, axis=2)
+            w = q * np.repeat(self.scales.astype(np.float64), self.group, axis=2)
+            if self.mins is not None:
+                w -= np.repeat(self.mins.astype(np.float64), self.group, axis=2)
+            return w
         if self.scheme == "fp8_w8a16":
             bn, bk = self.block
             s = _expand_blocks(self.scales.astype(np.float64), bn, bk, N, K)
@@ -316,6 +327,9 @@ class RefWeights:
             qw_g = self._int_codes(e).reshape(N, G, g).transpose(1, 2, 0)           # [G,g,N]
             dots = np.matmul(qa_g, qw_g).astype(np.float64)                         # exact int64
             y = np.einsum("grn,ng->rn", dots, self.scales[e].astype(np.float64))
+            if self.mins is not None:   # sum over k of a * min = min * (group code sum) * row scale
+                asum = qa.astype(np.int64).reshape(R, G, g).sum(axis=2).astype(np.float64)   # [R,G]
+                y -= asum @ self.mins[e].astype(np.float64).T
             return y * sa.astype(np.float64)[:, None]
         ab = bf16_round(a).astype(np.float64)
         if self.scheme == "fp8_w8a16":
@@ -427,9 +441,11 @@ def fused_experts_ref(hidden_states, w13, w2, topk_weights, topk_ids, activation
     """Quantized-path reference of moe_cpu.fused_experts -> float64 [M,H] (before the final rounding).
 
     hidden_states: float32, uint16 bf16 bits or ml_dtypes.bfloat16 [M,H]. w13 [E,2I,H], w2 [E,H,I]: RefWeights
-    of one scheme. Ids < 0 are skipped; with expert_map ids are global and local -1 is skipped.
+    of one scheme, or int4 / int8 in any pair. Ids < 0 are skipped; with expert_map ids are global and
+    local -1 is skipped.
     """
-    if w13.scheme != w2.scheme:
+    ints = ("int4_w4a8", "int8_w8a8")
+    if w13.scheme != w2.scheme and not (w13.scheme in ints and w2.scheme in ints):
         raise ValueError(f"w13 is {w13.scheme} but w2 is {w2.scheme}")
     x = to_float32_values(hidden_states)
     return _moe(x, topk_weights, topk_ids, w13.codes.shape[0], w2.codes.shape[1], w13.linear, w2.linear,

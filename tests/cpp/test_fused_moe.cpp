@@ -10,13 +10,13 @@
 #include "moe_cpu/errors.h"
 #include "moe/activations.h"
 #include "moe_cpu/fused_moe.h"
+#include "kernel_test_util.h"
 #include "test_util.h"
 
 namespace moe_cpu {
-#if defined(__x86_64__)
-namespace test { extern const KernelDesc* const kEvexTwins[2]; }  // avx2vnni_evex_twins.cpp
-#endif
 namespace {
+using test::Acts;
+using test::runnable;
 
 constexpr double kTolInt = 1e-5;    // int GEMMs: exact integer sums, fp32 group sums
 constexpr double kTolFloat = 1e-5;  // bf16 / fp8 GEMMs: fp32 sums of exact products
@@ -30,42 +30,10 @@ const GemmCase kCases[] = {
     {"KBelowStep", 4, 20, 3, -1},      {"KEqualStep", 3, 17, 8, -1},           {"KAboveStep", 5, 18, 9, -1},
 };
 
-// Activation rows in the layout the kernels read: stride Kp, zero padding, group sums, row_idx.
-struct Acts {
-  std::vector<int8_t> q;
-  std::vector<float> s;
-  std::vector<int32_t> asum, idx;
-  std::vector<uint16_t> b;
-  std::vector<float> f;  // b as fp32 (kernels with f32_acts)
-  void widen() {
-    f.resize(b.size());
-    for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_float(b[i]);
-  }
-  ActRows view(const PackedExperts& p, int64_t R) const {
-    ActRows a;
-    a.rows = R, a.Kp = p.padded_k(), a.row_idx = idx.data(), a.G = p.num_groups();
-    if (!q.empty()) a.q = q.data(), a.scale = s.data(), a.asum = asum.data();
-    else a.bf16 = b.data(), a.f32 = f.data();
-    return a;
-  }
-};
-
 class GemmKernelTest : public ::testing::TestWithParam<const KernelDesc*> {};
 
 // Expected GEMM computed from the raw codes and scales that were packed. Rows are read through a
 // reversed row_idx, and a column range that starts after block 0 is checked too.
-// The kernel to run for `kd`: itself, or on a CPU with AVX512-VNNI but no AVX-VNNI, the EVEX twin of
-// an AVX-VNNI kernel (same source, same semantics; see avx2vnni_evex_twins.cpp).
-const KernelDesc* runnable(const KernelDesc* kd) {
-#if defined(__x86_64__)
-  if ((kd->features & active_features()) != kd->features)
-    for (const KernelDesc* t : test::kEvexTwins)
-      if (t->scheme == kd->scheme && std::string(t->isa) == kd->isa && (t->features & active_features()) == t->features)
-        return t;
-#endif
-  return kd;
-}
-
 TEST_P(GemmKernelTest, MatchesDirectComputationOnOddShapes) {
   const KernelDesc* kd = runnable(GetParam());
   if (kd != GetParam()) RecordProperty("ran", kd->name);

@@ -1,7 +1,9 @@
 // packed_experts.h — expert weights of one projection in one scheme, in the blocked layout of
 // common/layout.h that every kernel reads (16-column panels, K padded to the scheme's k-step).
-// Dequantized weight: int4 (u - z) * s with z = 8 when symmetric; int8 (u - 128) * s;
-// fp8 e4m3fn(code) * s (s of the bn x bk block); bf16 the value. G = the scale groups along K.
+// Dequantized weight: int4 codebook[u] * s - m (codebook[u] = u - 8 by default), or (u - z) * s
+// with stored zero points; int8 (u - 128) * s - m; m = the float group offset ("min") when
+// has_mins, else 0; fp8 e4m3fn(code) * s (s of the bn x bk block); bf16 the value.
+// G = the scale groups along K.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -46,8 +48,23 @@ struct PackedExperts {
   int64_t group_size = -1;   // int4/int8: g, or -1 per channel; fp8: block_k; bf16: -1
   int64_t block_n = 0;       // fp8 only
   bool has_zeros = false;    // int4 only
-  AlignedBuffer qweight, scales, zeros;
+  bool has_mins = false;     // int schemes: a float offset per (column, group) is subtracted
+  bool has_codebook = false; // int4: codebook set by the packer (else the default q + 8 coding)
+  // int4: the integer value of each 4-bit code. Default: u - 8 (signed int4 stored as q + 8);
+  // with stored zero points: u itself.
+  int8_t codebook[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+  // Derived by set_codebook: code_zero = -min(codebook), code_table[u] = codebook[u] + code_zero
+  // in [0, 255] (the unsigned byte the x86 kernels multiply; its zero point is code_zero), and
+  // code_shuffle = code_table is not the identity (kernels then map each code through a table).
+  uint8_t code_table[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  int code_zero = 8;
+  bool code_shuffle = false;
+  AlignedBuffer qweight, scales, zeros, mins;
   const KernelDesc* kernel = nullptr;
+
+  void set_codebook(const int8_t* cb);  // fills codebook and the derived fields
+  // "int4", "int4+zeros", "int4+codebook", "int4+mins", "int8", "int8+mins", "fp8", "bf16".
+  std::string form() const;
 
   // Length along K of one scale group (K for per channel, block_k for fp8).
   // (Inline: kernels call these per scale group, and an out-of-line call spills every vector register.)
@@ -55,7 +72,7 @@ struct PackedExperts {
   int64_t num_groups() const { return group_len() > 0 ? (in_features + group_len() - 1) / group_len() : 0; }  // along K
   int64_t padded_k() const;         // K rounded up to the layout's k-step
   int64_t num_blocks() const { return (out_features + 15) / 16; }  // 16-column panels per expert
-  size_t nbytes() const { return qweight.size() + scales.size() + zeros.size(); }
+  size_t nbytes() const { return qweight.size() + scales.size() + zeros.size() + mins.size(); }
   // Weight panel of (expert e, column block b).
   const uint8_t* panel(int64_t e, int64_t b) const { return qweight.data() + (e * num_blocks() + b) * panel_bytes(); }
   int64_t panel_bytes() const;      // bytes of one (expert, column block) panel
@@ -64,21 +81,25 @@ struct PackedExperts {
     return ((e * num_blocks() + n / 16) * num_groups() + gi) * 16 + n % 16;
   }
   float scale(int64_t e, int64_t n, int64_t gi) const { return scales.as<float>()[scale_index(e, n, gi)]; }
-  int zero(int64_t e, int64_t n, int64_t gi) const;  // int schemes
+  float min(int64_t e, int64_t n, int64_t gi) const { return has_mins ? mins.as<float>()[scale_index(e, n, gi)] : 0.f; }
+  int zero(int64_t e, int64_t n, int64_t gi) const;  // int schemes: stored, code_zero or 128
   // Raw stored codes of row (e, n): int4 u, int8 u = w + 128, fp8 code, bf16 bits (as uint16).
   void code_row(int64_t e, int64_t n, uint16_t* out) const;
-  // Integer weight codes of row (e, n) minus zero points, for int schemes: out[K].
+  // Integer weight values of row (e, n), for int schemes: codebook[u], u - zero or u - 128. out[K].
   void int_row(int64_t e, int64_t n, int8_t* out) const;
   // Dequantized float weights of row (e, n): out[K].
   void dequant_row(int64_t e, int64_t n, float* out) const;
 };
 
 // ---- packing from pre-quantized arrays (what a checkpoint holds). All throw ValueError. ----
-// q: int8 in [-8,7] when zeros == nullptr, else values in [0,15] (uint8 bits) with zeros [E,N,G] in [0,15].
+// int4 q: int8 in [-8,7] when zeros and codebook are null; else codes in [0,15] (uint8 bits), with
+// zeros [E,N,G] in [0,15], or indices into codebook[16] (int8 values; not with zeros).
+// mins [E,N,G] (optional, finite): subtracted after scaling (w = s * value - m).
 PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const float* scales,
-                        int64_t group_size, const uint8_t* zeros);
+                        int64_t group_size, const uint8_t* zeros, const int8_t* codebook = nullptr,
+                        const float* mins = nullptr);
 PackedExperts pack_int8(const int8_t* q, int64_t E, int64_t N, int64_t K, const float* scales,
-                        int64_t group_size);
+                        int64_t group_size, const float* mins = nullptr);
 PackedExperts pack_fp8(const uint8_t* codes, int64_t E, int64_t N, int64_t K, const float* scale_inv,
                        int64_t block_n, int64_t block_k);
 PackedExperts pack_bf16(const uint16_t* bits, int64_t E, int64_t N, int64_t K);

@@ -5,8 +5,13 @@
 //           point is removed with the group's activation sum, as in the VNNI kernel.
 //     int8: w = u ^ 0x80 (signed); vpmaddubsw(|w|, sign(a, w)) gives w*a pairs <= 2*128*127 without
 //           saturation, so the sums are already zero-point free.
+//     int4 codebooks (Codes): kTable maps the codes through code_table (vpshufb) when its bytes are
+//           <= 31 (MXFP4: 0..24), so the int16 deferral below still cannot saturate; kSigned maps
+//           them to |codebook| and codebook and multiplies as int8 does (IQ4_NL: -127..113).
 //   IntDot::kVnniVex (w4a8_avx2vnni, w8a8_avx2vnni; + AVX-VNNI): {vex} vpdpbusd on the stored
-//     unsigned bytes, zero point (8, 128 or stored) removed with the activation sums.
+//     unsigned bytes (int4 codebooks: through code_table), zero point (code_zero, 128 or stored)
+//     removed with the activation sums.
+// Group offsets (mins): minus min * code sum per group, in fp32.
 //   IntDot::kVnniEvex: the same loop with the EVEX form of the instruction (AVX512-VNNI + VL, same
 //     semantics); only the test suite builds it, to run the kVnniVex source on CPUs without AVX-VNNI.
 // Tile: MR rows x 16 columns per block (two ymm halves).
@@ -22,6 +27,9 @@
 namespace moe_cpu::kernels {
 
 enum class IntDot { kMaddubs, kVnniVex, kVnniEvex };
+// How int4 codes become multiplier bytes: as stored, through code_table, or as |codebook| with the
+// sign moved onto the activations (vpmaddubsw with code_table bytes > 31).
+enum class Codes { kPlain, kTable, kSigned };
 
 // How far ahead a decode tile prefetches each (sequential) panel stream.
 constexpr int64_t kDecodePrefetchBytes = 2048;
@@ -35,7 +43,7 @@ inline void dpbusd_ymm(__m256i& acc, __m256i u8, __m256i s8) {
     asm("vpdpbusd %[s], %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u8), [s] "v"(s8));
 }
 
-template <bool kInt4, IntDot D = IntDot::kMaddubs>
+template <bool kInt4, IntDot D = IntDot::kMaddubs, Codes C = Codes::kPlain>
 struct IntAvx2 {
   template <int MR, int NJ>
   struct Micro {
@@ -49,6 +57,9 @@ struct IntAvx2 {
       const int8_t* arow[MR];
       for (int r = 0; r < MR; ++r) arow[r] = a.q + a.row_idx[r0 + r] * Kp;
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
+      const __m256i table = _mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(C == Codes::kSigned ? (const void*)w.codebook : (const void*)w.code_table)));
+      const __m256i abs_table = _mm256_abs_epi8(table);  // kSigned: |codebook|
       alignas(32) float accf[MR][H][8] = {};
       NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
       const ScaleIndex sx(w, e, b);
@@ -69,6 +80,7 @@ struct IntAvx2 {
               const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
               u[h] = kInt4 ? _mm256_and_si256(v, low4) : v;
               if constexpr (kInt4) u[H + h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+              if constexpr (C == Codes::kTable) u[h] = _mm256_shuffle_epi8(table, u[h]), u[H + h] = _mm256_shuffle_epi8(table, u[H + h]);
             }
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
               int32_t a0;
@@ -84,8 +96,21 @@ struct IntAvx2 {
           } else {  // vpmaddubsw + vpmaddwd
             _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
               const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
-              if constexpr (kInt4) {
+              if constexpr (kInt4 && C == Codes::kSigned) {
                 const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                const __m256i slo = _mm256_shuffle_epi8(table, lo), shi = _mm256_shuffle_epi8(table, hi);
+                const __m256i alo = _mm256_shuffle_epi8(abs_table, lo), ahi = _mm256_shuffle_epi8(abs_table, hi);
+                _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+                  int32_t a0, a1;
+                  std::memcpy(&a0, arow[r] + t * 8, 4);
+                  std::memcpy(&a1, arow[r] + t * 8 + 4, 4);
+                  const __m256i p0 = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(_mm256_set1_epi32(a0), slo));
+                  const __m256i p1 = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(_mm256_set1_epi32(a1), shi));
+                  acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)));
+                }
+              } else if constexpr (kInt4) {
+                __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                if constexpr (C == Codes::kTable) lo = _mm256_shuffle_epi8(table, lo), hi = _mm256_shuffle_epi8(table, hi);
                 _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
                   int32_t a0, a1;
                   std::memcpy(&a0, arow[r] + t * 8, 4);
@@ -105,8 +130,8 @@ struct IntAvx2 {
             }
           }
         };
-        if constexpr (kInt4 && D == IntDot::kMaddubs) {
-          // int16 sums of 4 k-steps (8 products <= 8 * 2 * 15 * 128 < 2^15), then one vpmaddwd.
+        if constexpr (kInt4 && D == IntDot::kMaddubs && C != Codes::kSigned) {
+          // int16 sums of 4 k-steps (8 products <= 8 * 31 * 128 < 2^15), then one vpmaddwd.
           for (int64_t q0 = s0; q0 < s1; q0 += 4) {
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
               _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) a16[r][h] = _mm256_setzero_si256();
@@ -121,12 +146,17 @@ struct IntAvx2 {
         _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
           const int64_t si = sx(h / 2, gi) + (h % 2) * 8;
           const __m256 sv = _mm256_load_ps(w.scales.as<float>() + si);
-          __m256i zv = _mm256_set1_epi32(kInt4 || D != IntDot::kMaddubs ? layout::implicit_zero(w.scheme) : 0);
+          const int zc = kInt4 ? (C == Codes::kSigned ? 0 : w.code_zero) : (D != IntDot::kMaddubs ? 128 : 0);
+          __m256i zv = _mm256_set1_epi32(zc);
           if (kInt4 && w.has_zeros) zv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zeros.data() + si)));
+          const __m256 mv = w.has_mins ? _mm256_load_ps(w.mins.as<float>() + si) : _mm256_setzero_ps();
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-            const __m256i corr = _mm256_mullo_epi32(zv, _mm256_set1_epi32(a.asum[a.row_idx[r0 + r] * G + gi]));
+            const int32_t as = a.asum[a.row_idx[r0 + r] * G + gi];
+            const __m256i corr = _mm256_mullo_epi32(zv, _mm256_set1_epi32(as));
             const __m256 exact = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h], corr));
-            _mm256_store_ps(accf[r][h], _mm256_fmadd_ps(exact, sv, _mm256_load_ps(accf[r][h])));
+            __m256 f = _mm256_fmadd_ps(exact, sv, _mm256_load_ps(accf[r][h]));
+            if (w.has_mins) f = _mm256_fnmadd_ps(mv, _mm256_set1_ps(float(as)), f);
+            _mm256_store_ps(accf[r][h], f);
           }
         }
       }
@@ -144,5 +174,18 @@ struct IntAvx2 {
     }
   };
 };
+
+// The int4 GEMM of dot D: codes as stored, or mapped through the codebook (kSigned when vpmaddubsw
+// would saturate on code_table bytes > 31).
+template <IntDot D, int MR, int NJ, int ND>
+void int4_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                    int64_t ldc) {
+  if (!w.code_shuffle) return drive<IntAvx2<true, D>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  int top = 0;
+  for (uint8_t u : w.code_table) top = std::max(top, int(u));
+  if (D != IntDot::kMaddubs || top <= 31)
+    return drive<IntAvx2<true, D, Codes::kTable>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  drive<IntAvx2<true, D, Codes::kSigned>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+}
 
 }  // namespace moe_cpu::kernels

@@ -1,9 +1,10 @@
 // int_avx512vnni.h — the shared microkernel of w4a8_avx512vnni and w8a8_avx512vnni.
 // Per k-step, one 64-byte panel row feeds vpdpbusd with 16 columns x 4 unsigned weight bytes
-// (int4: AND 0x0f for k..k+3, shift 4 + AND for k+4..k+7; int8: the bytes w+128 as stored),
-// against 4 signed activation bytes broadcast per row. Exact int32 sums per scale group are
-// corrected by zero * (sum of the group's activation codes), converted, scaled per column and
-// accumulated in fp32; the row scale multiplies at the store.
+// (int4: AND 0x0f for k..k+3, shift 4 + AND for k+4..k+7, then with a codebook one vpshufb
+// through code_table; int8: the bytes w+128 as stored), against 4 signed activation bytes
+// broadcast per row. Exact int32 sums per scale group are corrected by zero * (sum of the group's
+// activation codes), converted, scaled per column and accumulated in fp32 (minus min * code sum
+// with group offsets); the row scale multiplies at the store.
 // Needs: AVX512F, AVX512BW, AVX512VNNI (compile this header's users with those flags only).
 #pragma once
 #include <immintrin.h>
@@ -36,7 +37,7 @@ inline void dpbusd_bcast(__m512i& acc, __m512i u8, const int8_t* p) {
   asm("vpdpbusd %[m]%{1to16%}, %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u8), [m] "m"(*reinterpret_cast<const int32_t*>(p)));
 }
 
-template <bool kInt4>
+template <bool kInt4, bool kShuffle = false>
 struct IntVnni {
   template <int MR, int NJ>
   struct Micro {
@@ -49,6 +50,8 @@ struct IntVnni {
       const int8_t* arow[MR];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) arow[r] = a.q + a.row_idx[r0 + r] * Kp;
       const __m512i low4 = _mm512_set1_epi8(0x0f);
+      // code_table in every 128-bit lane (vpshufb looks up within lanes)
+      const __m512i table = _mm512_maskz_broadcast_i32x4(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.code_table)));
       const float* scales = w.scales.as<float>();
       __m512 accf[MR][NJ];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
@@ -59,7 +62,7 @@ struct IntVnni {
         const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
         // Without stored zeros the implicit zero point's term (zero * group code sum) is the same for
         // every column: it starts the int32 sum, so the group ends with a plain convert.
-        const int zc = layout::implicit_zero(w.scheme);
+        const int zc = kInt4 ? w.code_zero : layout::implicit_zero(w.scheme);
         __m512i acc[MR][NJ];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
           const __m512i start = w.has_zeros ? _mm512_setzero_si512() : _mm512_set1_epi32(-zc * a.asum[a.row_idx[r0 + r] * G + gi]);
@@ -75,6 +78,7 @@ struct IntVnni {
               const __m512i v = _mm512_load_si512(panel[j] + t * 64);
               lo[j] = _mm512_and_si512(v, low4);
               hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+              if constexpr (kShuffle) lo[j] = _mm512_shuffle_epi8(table, lo[j]), hi[j] = _mm512_shuffle_epi8(table, hi[j]);
             }
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
               _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
@@ -100,6 +104,11 @@ struct IntVnni {
           }
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
             accf[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), sv, accf[r][j]);
+          if (w.has_mins) {
+            const __m512 mv = _mm512_load_ps(w.mins.as<float>() + si);
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+              accf[r][j] = _mm512_fnmadd_ps(mv, _mm512_set1_ps(float(a.asum[a.row_idx[r0 + r] * G + gi])), accf[r][j]);
+          }
         }
       }
       _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
@@ -111,5 +120,13 @@ struct IntVnni {
     }
   };
 };
+
+// The int4 GEMM: codes mapped through code_table when it is not the identity.
+template <int MR, int NJ, int ND>
+void int4_vnni_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                    int64_t ldc) {
+  if (w.code_shuffle) drive<IntVnni<true, true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else drive<IntVnni<true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+}
 
 }  // namespace moe_cpu::kernels

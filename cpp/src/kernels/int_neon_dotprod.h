@@ -1,8 +1,10 @@
 // int_neon_dotprod.h — the shared microkernel of w4a8_neon_dotprod and w8a8_neon_dotprod.
 // A 64-byte panel row is 4 q-registers of 4 columns x 4 k bytes; SDOT adds each column's 4 products
 // into its int32 lane, against 4 activation bytes duplicated to every lane.
-//   int4: u = nibble in [0,15] (AND 0x0f, or shift right 4); the zero point (8 or stored) is removed
-//         per group with the group's activation sum, as in the x86 kernels.
+//   int4: u = nibble in [0,15] (AND 0x0f, or shift right 4); the zero point (code_zero or stored) is
+//         removed per group with the group's activation sum, as in the x86 kernels. A codebook maps
+//         u to its signed value with one TBL (no zero point).
+// Group offsets (mins): minus min * code sum per group, in fp32.
 //   int8: the stored u = w + 128 becomes w by flipping the top bit; the sums need no correction.
 // Needs: AdvSIMD + dotprod (compile the users with -march=armv8.2-a+dotprod).
 #pragma once
@@ -21,7 +23,7 @@ inline int8x16_t dup4(const int8_t* p) {
   return vreinterpretq_s8_s32(vdupq_n_s32(v));
 }
 
-template <bool kInt4>
+template <bool kInt4, bool kTbl = false>
 struct IntNeonDot {
   template <int MR, int NJ>
   struct Micro {
@@ -34,6 +36,7 @@ struct IntNeonDot {
       for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
       const int8_t* arow[MR];
       for (int r = 0; r < MR; ++r) arow[r] = a.q + a.row_idx[r0 + r] * Kp;
+      const int8x16_t table = vld1q_s8(w.codebook);
       float32x4_t accf[MR][V];
       for (int r = 0; r < MR; ++r)
         for (int v = 0; v < V; ++v) accf[r][v] = vdupq_n_f32(0.f);
@@ -47,8 +50,9 @@ struct IntNeonDot {
           for (int v = 0; v < V; ++v) {
             const uint8x16_t raw = vld1q_u8(panel[v / 4] + t * 64 + (v % 4) * 16);
             if constexpr (kInt4) {
-              const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0f)));
-              const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
+              int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0f)));
+              int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
+              if constexpr (kTbl) lo = vqtbl1q_s8(table, vreinterpretq_u8_s8(lo)), hi = vqtbl1q_s8(table, vreinterpretq_u8_s8(hi));
               for (int r = 0; r < MR; ++r) {
                 acc[r][v] = vdotq_s32(acc[r][v], lo, dup4(arow[r] + t * 8));
                 acc[r][v] = vdotq_s32(acc[r][v], hi, dup4(arow[r] + t * 8 + 4));
@@ -62,7 +66,7 @@ struct IntNeonDot {
         for (int v = 0; v < V; ++v) {
           const int64_t si = sx(v / 4, gi) + (v % 4) * 4;
           const float32x4_t sv = vld1q_f32(w.scales.as<float>() + si);
-          int32x4_t zv = vdupq_n_s32(kInt4 ? 8 : 0);
+          int32x4_t zv = vdupq_n_s32(kInt4 && !kTbl ? w.code_zero : 0);
           if (kInt4 && w.has_zeros) {
             const uint8_t* z = w.zeros.data() + si;
             const int32_t zz[4] = {z[0], z[1], z[2], z[3]};
@@ -72,6 +76,9 @@ struct IntNeonDot {
             const int32x4_t corr = vmulq_n_s32(zv, a.asum[a.row_idx[r0 + r] * G + gi]);
             const float32x4_t exact = vcvtq_f32_s32(vsubq_s32(acc[r][v], corr));
             accf[r][v] = vfmaq_f32(accf[r][v], exact, sv);
+            if (w.has_mins)
+              accf[r][v] = vfmsq_f32(accf[r][v], vld1q_f32(w.mins.as<float>() + si),
+                                     vdupq_n_f32(float(a.asum[a.row_idx[r0 + r] * G + gi])));
           }
         }
       }
@@ -87,5 +94,13 @@ struct IntNeonDot {
     }
   };
 };
+
+// The int4 GEMM: codes through the codebook (TBL) when it is not the default identity coding.
+template <int MR, int NJ, int ND>
+void int4_neon_dot_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                        int64_t ldc) {
+  if (w.code_shuffle) drive<IntNeonDot<true, true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else drive<IntNeonDot<true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+}
 
 }  // namespace moe_cpu::kernels

@@ -2,7 +2,9 @@
 // SMMLA multiplies a 2x8 int8 block of activations (two rows, 8 k) by an 8x2 block of weights (two
 // columns) into a 2x2 int32 tile. Two 4-k quarters of the panel (int8: rows t and t+1; int4: the
 // low and high nibbles of row t) zipped by 32-bit lanes give the columns' 8-k operands.
-//   int4: u in [0,15]; zero point removed per group with the activation sums (as the x86 kernels).
+//   int4: u in [0,15]; zero point removed per group with the activation sums (as the x86 kernels);
+//         a codebook maps u to its signed value with one TBL (no zero point).
+// Group offsets (mins): minus min * code sum per group, in fp32.
 //   int8: stored w + 128 with the top bit flipped back to w; no correction.
 // Accumulators hold [r0c0, r0c1, r1c0, r1c1] per (row pair, column pair). An odd last row is paired
 // with a copy of itself and its results dropped.
@@ -17,7 +19,7 @@
 
 namespace moe_cpu::kernels {
 
-template <bool kInt4>
+template <bool kInt4, bool kTbl = false>
 struct IntNeonMmla {
   template <int MR, int NJ>
   struct Micro {
@@ -37,6 +39,7 @@ struct IntNeonMmla {
       const int8_t* arow[2 * RP];
       int64_t rid[2 * RP];
       for (int r = 0; r < 2 * RP; ++r) rid[r] = a.row_idx[r0 + (r < MR ? r : MR - 1)], arow[r] = a.q + rid[r] * Kp;
+      const int8x16_t table = vld1q_s8(w.codebook);
       float32x4_t accf[RP][CP];
       for (int p = 0; p < RP; ++p)
         for (int q = 0; q < CP; ++q) accf[p][q] = vdupq_n_f32(0.f);
@@ -56,6 +59,7 @@ struct IntNeonMmla {
               const uint8x16_t raw = vld1q_u8(panel[v / 4] + (k / 8) * 64 + (v % 4) * 16);
               lo = vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0f)));
               hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
+              if constexpr (kTbl) lo = vqtbl1q_s8(table, vreinterpretq_u8_s8(lo)), hi = vqtbl1q_s8(table, vreinterpretq_u8_s8(hi));
             } else {
               const uint8_t* p0 = panel[v / 4] + (k / 4) * 64 + (v % 4) * 16;
               lo = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p0), vdupq_n_u8(0x80)));
@@ -74,13 +78,19 @@ struct IntNeonMmla {
           const float* sc = w.scales.as<float>();
           const float s2[4] = {sc[si0], sc[si1], sc[si0], sc[si1]};
           const float32x4_t sv = vld1q_f32(s2);
-          int32_t z0 = kInt4 ? 8 : 0, z1 = z0;
+          int32_t z0 = kInt4 && !kTbl ? w.code_zero : 0, z1 = z0;
+          const float m0 = w.has_mins ? w.mins.as<float>()[si0] : 0.f;
+          const float m1 = w.has_mins ? w.mins.as<float>()[si1] : 0.f;
           if (kInt4 && w.has_zeros) z0 = w.zeros.data()[si0], z1 = w.zeros.data()[si1];
           for (int p = 0; p < RP; ++p) {
             const int32_t s0 = a.asum[rid[2 * p] * G + gi], s1 = a.asum[rid[2 * p + 1] * G + gi];
             const int32_t corr[4] = {z0 * s0, z1 * s0, z0 * s1, z1 * s1};
             const float32x4_t exact = vcvtq_f32_s32(vsubq_s32(acc[p][q], vld1q_s32(corr)));
             accf[p][q] = vfmaq_f32(accf[p][q], exact, sv);
+            if (w.has_mins) {
+              const float ms[4] = {m0 * float(s0), m1 * float(s0), m0 * float(s1), m1 * float(s1)};
+              accf[p][q] = vsubq_f32(accf[p][q], vld1q_f32(ms));
+            }
           }
         }
       }
@@ -100,5 +110,13 @@ struct IntNeonMmla {
     }
   };
 };
+
+// The int4 GEMM: codes through the codebook (TBL) when it is not the default identity coding.
+template <int MR, int NJ, int ND>
+void int4_neon_mmla_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                         int64_t ldc) {
+  if (w.code_shuffle) drive<IntNeonMmla<true, true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else drive<IntNeonMmla<true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+}
 
 }  // namespace moe_cpu::kernels

@@ -124,9 +124,10 @@ std::vector<int32_t> local_ids(const FusedMoeArgs& a, int64_t E) {
 
 void check_args(const FusedMoeArgs& a) {
   const PackedExperts &w13 = *a.w13, &w2 = *a.w2;
-  if (w13.scheme != w2.scheme)
+  // Pairs: the same scheme, or two int schemes (both quantize their activations per token to int8).
+  if (w13.scheme != w2.scheme && !(is_int_scheme(w13.scheme) && is_int_scheme(w2.scheme)))
     throw ValueError(msg("w13 is packed as ", scheme_name(w13.scheme), " but w2 as ", scheme_name(w2.scheme),
-                         "; both must use the same scheme"));
+                         "; fused_experts takes the same scheme for both, or int4_w4a8 / int8_w8a8 in any pair"));
   if (w13.num_experts != w2.num_experts)
     throw ValueError(msg("w13 has ", w13.num_experts, " experts but w2 has ", w2.num_experts));
   if (w13.in_features != a.H)

@@ -60,7 +60,28 @@ int64_t PackedExperts::padded_k() const { return layout::padded_k(scheme, in_fea
 int64_t PackedExperts::panel_bytes() const { return layout::panel_bytes(scheme, in_features); }
 
 int PackedExperts::zero(int64_t e, int64_t n, int64_t gi) const {
-  return has_zeros ? zeros.data()[scale_index(e, n, gi)] : layout::implicit_zero(scheme);
+  if (has_zeros) return zeros.data()[scale_index(e, n, gi)];
+  return scheme == Scheme::kInt4W4A8 ? code_zero : layout::implicit_zero(scheme);
+}
+
+void PackedExperts::set_codebook(const int8_t* cb) {
+  int lo = 127;
+  for (int i = 0; i < 16; ++i) codebook[i] = cb[i], lo = std::min(lo, int(cb[i]));
+  code_zero = -lo;
+  code_shuffle = false;
+  for (int i = 0; i < 16; ++i) {
+    code_table[i] = uint8_t(cb[i] - lo);
+    code_shuffle |= code_table[i] != i;
+  }
+}
+
+std::string PackedExperts::form() const {
+  std::string f = scheme == Scheme::kInt4W4A8 ? "int4" : scheme == Scheme::kInt8W8A8 ? "int8"
+                  : scheme == Scheme::kFp8W8A16 ? "fp8" : "bf16";
+  if (has_zeros) f += "+zeros";
+  if (has_codebook) f += "+codebook";
+  if (has_mins) f += "+mins";
+  return f;
 }
 
 void PackedExperts::code_row(int64_t e, int64_t n, uint16_t* out) const {
@@ -95,7 +116,10 @@ void PackedExperts::int_row(int64_t e, int64_t n, int8_t* out) const {
   const int64_t K = in_features, gl = group_len();
   std::vector<uint16_t> u(static_cast<size_t>(K));
   code_row(e, n, u.data());
-  for (int64_t k = 0; k < K; ++k) out[k] = int8_t(int(u[size_t(k)]) - zero(e, n, k / gl));
+  if (scheme == Scheme::kInt4W4A8 && !has_zeros)
+    for (int64_t k = 0; k < K; ++k) out[k] = codebook[u[size_t(k)]];
+  else
+    for (int64_t k = 0; k < K; ++k) out[k] = int8_t(int(u[size_t(k)]) - zero(e, n, k / gl));
 }
 
 void PackedExperts::dequant_row(int64_t e, int64_t n, float* out) const {
@@ -104,6 +128,8 @@ void PackedExperts::dequant_row(int64_t e, int64_t n, float* out) const {
     std::vector<int8_t> q(static_cast<size_t>(K));
     int_row(e, n, q.data());
     for (int64_t k = 0; k < K; ++k) out[k] = float(q[size_t(k)]) * scale(e, n, k / gl);
+    if (has_mins)  // a separate pass: s * q is rounded before m is subtracted (no contraction)
+      for (int64_t k = 0; k < K; ++k) out[k] -= min(e, n, k / gl);
     return;
   }
   std::vector<uint16_t> u(static_cast<size_t>(K));
@@ -266,41 +292,60 @@ AlignedBuffer blocked(const PackedExperts& p, F&& src) {
 
 }  // namespace
 
+// Optional float group offsets: checked finite, stored in the scales' blocked order.
+static void set_mins(PackedExperts& p, const float* mins) {
+  if (!mins) return;
+  const int64_t N = p.out_features, G = p.num_groups();
+  check_scales(mins, p.num_experts * N * G, "mins");
+  p.has_mins = true;
+  p.mins = blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) { return mins[(e * N + n) * G + gi]; });
+}
+
 PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const float* scales,
-                        int64_t group_size, const uint8_t* zeros) {
+                        int64_t group_size, const uint8_t* zeros, const int8_t* codebook, const float* mins) {
   check_dims(E, N, K);
   check_group(group_size, K, true);
+  if (zeros && codebook)
+    throw ValueError("int4 weights take zero points or a codebook, not both");
   PackedExperts p = make(Scheme::kInt4W4A8, E, N, K, group_size);
   const int64_t G = p.num_groups();
-  const bool zp = zeros != nullptr;
+  const bool zp = zeros != nullptr, raw = zp || codebook;  // q holds the stored codes u themselves
   check_scales(scales, E * N * G, "scales");
   if (zp)
     for (int64_t i = 0; i < E * N * G; ++i)
       if (zeros[i] > 15) throw ValueError(msg("zeros flat index ", i, " = ", int(zeros[i]), " is outside [0, 15]"));
   p.has_zeros = zp;
+  if (zp) {
+    const int8_t identity[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    p.set_codebook(identity);
+  }
+  if (codebook) p.set_codebook(codebook), p.has_codebook = true;
   p.scales = blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) { return scales[(e * N + n) * G + gi]; });
   if (zp) p.zeros = blocked<uint8_t>(p, [&](int64_t e, int64_t n, int64_t gi) { return zeros[(e * N + n) * G + gi]; });
-  // One pass: the stored nibble u is q + 8 (or q itself with zero points) and must be in [0, 15];
-  // a value outside flags the pack, and only then is the input scanned for the first bad index.
-  const bool out_of_range = !fill_int4_panels(p, q, zp);
+  set_mins(p, mins);
+  // One pass: the stored nibble u is q + 8 (or q itself with zero points / a codebook) and must be in
+  // [0, 15]; a value outside flags the pack, and only then is the input scanned for the first bad index.
+  const bool out_of_range = !fill_int4_panels(p, q, raw);
   if (out_of_range) {
-    const int64_t bad = zp ? find_outside(reinterpret_cast<const uint8_t*>(q), E * N, K, 0, 15)
-                           : find_outside(q, E * N, K, -8, 7);
-    throw ValueError(msg("qweight flat index ", bad, " = ", zp ? int(uint8_t(q[bad])) : int(q[bad]), " is outside ",
-                         zp ? "[0, 15] (unsigned int4 with zero points)" : "[-8, 7] (signed int4)"));
+    const int64_t bad = raw ? find_outside(reinterpret_cast<const uint8_t*>(q), E * N, K, 0, 15)
+                            : find_outside(q, E * N, K, -8, 7);
+    throw ValueError(msg("qweight flat index ", bad, " = ", raw ? int(uint8_t(q[bad])) : int(q[bad]), " is outside ",
+                         zp ? "[0, 15] (unsigned int4 with zero points)"
+                            : raw ? "[0, 15] (4-bit codebook indices)" : "[-8, 7] (signed int4)"));
   }
   p.kernel = select_kernel(p);
   return p;
 }
 
 PackedExperts pack_int8(const int8_t* q, int64_t E, int64_t N, int64_t K, const float* scales,
-                        int64_t group_size) {
+                        int64_t group_size, const float* mins) {
   check_dims(E, N, K);
   check_group(group_size, K, false);
   PackedExperts p = make(Scheme::kInt8W8A8, E, N, K, group_size);
   const int64_t G = p.num_groups();
   check_scales(scales, E * N * G, "scales");
   p.scales = blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) { return scales[(e * N + n) * G + gi]; });
+  set_mins(p, mins);
   fill_panels<uint32_t>(p, q, 1, 0x80808080u);
   p.kernel = select_kernel(p);
   return p;

@@ -1,10 +1,12 @@
 // serialize.cpp — PackedExperts files: pack once, map forever.
-// Layout (little-endian): a 256-byte header, then the sections qweight, scales, zeros, each at a
-// 4096-byte aligned offset, so that a read-only mmap of the file is the packed buffers themselves.
-//   header: magic "MOECPUPK", u32 version (1), u32 header bytes (256), u32 scheme, u32 layout id,
-//           i64 E, N, K, group_size, block_n, u32 has_zeros, u32 section count (3),
+// Layout (little-endian): a 256-byte header, then the sections qweight, scales, zeros, mins, each at
+// a 4096-byte aligned offset, so that a read-only mmap of the file is the packed buffers themselves.
+//   header: magic "MOECPUPK", u32 version (2), u32 header bytes (256), u32 scheme, u32 layout id,
+//           i64 E, N, K, group_size, block_n, u32 has_zeros, u32 section count (4),
 //           3 x {u64 offset, u64 bytes, u32 crc32, u32 0}, char kernel[64] (what it was packed for),
-//           zero padding, u32 crc32 of bytes [0, 252) at offset 252.
+//           u8 has_mins, u8 has_codebook, u16 0, i8 codebook[16], the mins section {...},
+//           u32 crc32 of bytes [0, 252) at offset 252.
+//   Version 1 (read too): 3 sections, and zero bytes where version 2 has the mins and codebook.
 // Everything read is checked (magic, version, CRCs, layout, shapes against section sizes, the file
 // size), and a failure raises ValueError naming what is wrong.
 #include <fcntl.h>
@@ -27,7 +29,7 @@ namespace moe_cpu {
 namespace {
 
 constexpr char kMagic[8] = {'M', 'O', 'E', 'C', 'P', 'U', 'P', 'K'};
-constexpr uint32_t kVersion = 1, kHeaderBytes = 256, kLayoutBlocked16 = 1, kSections = 3;
+constexpr uint32_t kVersion = 2, kHeaderBytes = 256, kLayoutBlocked16 = 1, kSections = 4;
 constexpr uint64_t kAlign = 4096;
 
 #pragma pack(push, 1)
@@ -40,9 +42,12 @@ struct Header {
   uint32_t version, header_bytes, scheme, layout;
   int64_t E, N, K, group_size, block_n;
   uint32_t has_zeros, sections;
-  Section section[kSections];
+  Section section[3];  // qweight, scales, zeros
   char kernel[64];
-  uint8_t pad[252 - 8 - 16 - 40 - 8 - 3 * 24 - 64];
+  uint8_t has_mins, has_codebook;  // version 2 from here (zero in version 1)
+  uint16_t reserved;
+  int8_t codebook[16];
+  Section mins;
   uint32_t header_crc32;
 };
 #pragma pack(pop)
@@ -66,14 +71,16 @@ uint32_t crc32(const uint8_t* p, size_t n) {  // IEEE 802.3, reflected (zlib.crc
 uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 const AlignedBuffer& section_buffer(const PackedExperts& p, int i) {
-  return i == 0 ? p.qweight : i == 1 ? p.scales : p.zeros;
+  return i == 0 ? p.qweight : i == 1 ? p.scales : i == 2 ? p.zeros : p.mins;
 }
+Section& section_of(Header& h, int i) { return i < 3 ? h.section[i] : h.mins; }
 
 // Bytes each section must have for these shapes (the same arithmetic packing uses).
 std::array<uint64_t, kSections> expected_bytes(const PackedExperts& p) {
   const uint64_t panels = uint64_t(p.num_experts * p.num_blocks());
   const uint64_t groups = panels * uint64_t(p.num_groups()) * 16;
-  return {panels * uint64_t(p.panel_bytes()), p.scheme == Scheme::kBf16 ? 0 : groups * 4, p.has_zeros ? groups : 0};
+  return {panels * uint64_t(p.panel_bytes()), p.scheme == Scheme::kBf16 ? 0 : groups * 4, p.has_zeros ? groups : 0,
+          p.has_mins ? groups * 4 : 0};
 }
 
 struct FileCloser {
@@ -96,11 +103,13 @@ void save_packed(const PackedExperts& p, const std::string& path) {
   h.version = kVersion, h.header_bytes = kHeaderBytes, h.scheme = uint32_t(p.scheme), h.layout = kLayoutBlocked16;
   h.E = p.num_experts, h.N = p.out_features, h.K = p.in_features, h.group_size = p.group_size, h.block_n = p.block_n;
   h.has_zeros = p.has_zeros, h.sections = kSections;
+  h.has_mins = p.has_mins, h.has_codebook = p.has_codebook;
+  std::memcpy(h.codebook, p.codebook, 16);
   std::snprintf(h.kernel, sizeof h.kernel, "%s", p.kernel ? p.kernel->name : "");
   uint64_t off = align_up(kHeaderBytes);
   for (int i = 0; i < int(kSections); ++i) {
     const AlignedBuffer& b = section_buffer(p, i);
-    h.section[i] = Section{off, b.size(), crc32(b.data(), b.size()), 0};
+    section_of(h, i) = Section{off, b.size(), crc32(b.data(), b.size()), 0};
     off = align_up(off + b.size());
   }
   h.header_crc32 = crc32(reinterpret_cast<const uint8_t*>(&h), 252);
@@ -111,10 +120,10 @@ void save_packed(const PackedExperts& p, const std::string& path) {
       throw ValueError(msg("writing '", path, "' failed: ", std::strerror(errno)));
   };
   write_at(0, &h, sizeof h);
-  for (int i = 0; i < int(kSections); ++i) write_at(h.section[i].offset, section_buffer(p, i).data(), h.section[i].bytes);
+  for (int i = 0; i < int(kSections); ++i) write_at(section_of(h, i).offset, section_buffer(p, i).data(), section_of(h, i).bytes);
   uint64_t data_end = kHeaderBytes;
-  for (const Section& s : h.section)
-    if (s.bytes) data_end = std::max<uint64_t>(data_end, s.offset + s.bytes);
+  for (int i = 0; i < int(kSections); ++i)
+    if (section_of(h, i).bytes) data_end = std::max<uint64_t>(data_end, section_of(h, i).offset + section_of(h, i).bytes);
   const char zero = 0;  // pad the file to the last aligned boundary, past every section's data
   if (off > data_end) write_at(off - 1, &zero, 1);
   if (std::fflush(f.get()) != 0) throw ValueError(msg("writing '", path, "' failed: ", std::strerror(errno)));
@@ -137,28 +146,39 @@ PackedExperts load_packed(const std::string& path, bool use_mmap, bool verify) {
   Header h;
   std::memcpy(&h, bytes, sizeof h);
   if (std::memcmp(h.magic, kMagic, 8) != 0) throw ValueError(msg("'", path, "' is not a moe_cpu packed file (bad magic)"));
-  if (h.version != kVersion)
-    throw ValueError(msg("'", path, "' has format version ", h.version, "; this build reads version ", kVersion));
+  if (h.version != 1 && h.version != kVersion)
+    throw ValueError(msg("'", path, "' has format version ", h.version, "; this build reads versions 1 to ", kVersion));
   if (crc32(bytes, 252) != h.header_crc32) throw ValueError(msg("'", path, "' is corrupted: header checksum mismatch"));
   if (h.layout != kLayoutBlocked16)
     throw ValueError(msg("'", path, "' was packed for weight layout ", h.layout, " (kernel '", std::string(h.kernel, strnlen(h.kernel, 64)),
                          "'), which this build cannot run; repack it from the checkpoint"));
-  if (h.scheme > uint32_t(Scheme::kBf16) || h.sections != kSections || h.header_bytes != kHeaderBytes)
+  const uint32_t sections = h.version == 1 ? 3 : kSections;
+  if (h.version == 1) h.has_mins = h.has_codebook = 0, h.mins = Section{};  // padding in version 1
+  if (h.scheme > uint32_t(Scheme::kBf16) || h.sections != sections || h.header_bytes != kHeaderBytes)
     throw ValueError(msg("'", path, "' has an invalid header (scheme ", h.scheme, ", ", h.sections, " sections)"));
   PackedExperts p;
   p.scheme = Scheme(h.scheme);
   p.num_experts = h.E, p.out_features = h.N, p.in_features = h.K, p.group_size = h.group_size, p.block_n = h.block_n;
   p.has_zeros = h.has_zeros != 0;
+  p.has_mins = h.has_mins != 0;
+  p.has_codebook = h.has_codebook != 0;
+  if (p.has_zeros) {
+    const int8_t identity[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    p.set_codebook(identity);
+  }
+  if (p.has_codebook) p.set_codebook(h.codebook);
   const bool gs_ok = p.group_size == -1 || (p.group_size > 0 && (p.scheme == Scheme::kFp8W8A16 || p.in_features % p.group_size == 0));
   if (h.E < 1 || h.N < 1 || h.K < 1 || h.E > (int64_t(1) << 32) || h.N > (int64_t(1) << 32) || h.K > (int64_t(1) << 32) || !gs_ok ||
-      (p.scheme == Scheme::kFp8W8A16 && (h.block_n < 1 || h.group_size < 1)) || (p.has_zeros && p.scheme != Scheme::kInt4W4A8))
+      (p.scheme == Scheme::kFp8W8A16 && (h.block_n < 1 || h.group_size < 1)) || (p.has_zeros && p.scheme != Scheme::kInt4W4A8) ||
+      (p.has_codebook && (p.scheme != Scheme::kInt4W4A8 || p.has_zeros)) || (p.has_mins && !is_int_scheme(p.scheme)) ||
+      h.has_mins > 1 || h.has_codebook > 1)
     throw ValueError(msg("'", path, "' has invalid shapes in its header (E=", h.E, ", N=", h.N, ", K=", h.K,
                          ", group_size=", h.group_size, ", block_n=", h.block_n, ")"));
   const auto want = expected_bytes(p);
-  AlignedBuffer* dst[kSections] = {&p.qweight, &p.scales, &p.zeros};
-  const char* names[kSections] = {"qweight", "scales", "zeros"};
-  for (int i = 0; i < int(kSections); ++i) {
-    const Section& s = h.section[i];
+  AlignedBuffer* dst[kSections] = {&p.qweight, &p.scales, &p.zeros, &p.mins};
+  const char* names[kSections] = {"qweight", "scales", "zeros", "mins"};
+  for (int i = 0; i < int(sections); ++i) {
+    const Section& s = section_of(h, i);
     if (s.bytes != want[size_t(i)])
       throw ValueError(msg("'", path, "': section ", names[i], " has ", s.bytes, " bytes but the header's shapes need ",
                            want[size_t(i)]));

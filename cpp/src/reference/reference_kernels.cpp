@@ -1,10 +1,13 @@
 // reference_kernels.cpp — Eigen reference GEMMs of every precision, read through the layout accessors.
 // Numerics: int schemes take exact integer dot products inside each scale group (in float while
-//   group_len*127*15 < 2^24, else in double), scale them per (column, group) and sum the groups in
-//   fp32, then multiply by the row's activation scale. fp8: bf16 activations x e4m3 values per
+//   group_len*127*max|w| < 2^24, else in double), scale them per (column, group), subtract the
+//   group offset (min) times the group's activation code sum, sum the groups in fp32, then multiply
+//   by the row's activation scale. fp8: bf16 activations x e4m3 values per
 //   K-block (exact products, fp32 sums), times the block scale. bf16: fp32 sums of exact products.
 // Needs: nothing. Limits: none (any M, N, K, group).
 #include <Eigen/Core>
+
+#include <cstdlib>
 
 #include "common/numeric.h"
 #include "dispatch/registry.h"
@@ -23,9 +26,11 @@ Cols cols_of(const PackedExperts& w, int64_t b0, int64_t b1) {
   return {n0, std::min(w.out_features, 16 * b1) - n0};
 }
 
-// acc[r, j] = sum over groups of P_g[r, j] * scale(e, n0 + j, g).
+// acc[r, j] = sum over groups of P_g[r, j] * scale(e, n0 + j, g) (- min(e, n0 + j, g) * asum[r, g]
+// when the weights have mins: asum the activation code sums of the int schemes).
 template <class T>
-Mat<float> grouped_gemm(const PackedExperts& w, int64_t e, Cols cols, const Mat<T>& A, const Mat<T>& W) {
+Mat<float> grouped_gemm(const PackedExperts& w, int64_t e, Cols cols, const Mat<T>& A, const Mat<T>& W,
+                        const ActRows* a = nullptr) {
   const int64_t gl = w.group_len(), K = w.in_features;
   Mat<float> acc = Mat<float>::Zero(A.rows(), W.rows());
   Mat<T> P;
@@ -35,6 +40,10 @@ Mat<float> grouped_gemm(const PackedExperts& w, int64_t e, Cols cols, const Mat<
     for (int64_t j = 0; j < W.rows(); ++j) {
       const float s = w.scale(e, cols.n0 + j, gi);
       for (int64_t r = 0; r < A.rows(); ++r) acc(r, j) += float(P(r, j)) * s;
+      if (w.has_mins && a) {
+        const float m = w.min(e, cols.n0 + j, gi);
+        for (int64_t r = 0; r < A.rows(); ++r) acc(r, j) -= m * float(a->asum[a->row_idx[r] * a->G + gi]);
+      }
     }
   }
   return acc;
@@ -57,12 +66,17 @@ void int_gemm_as(const PackedExperts& w, int64_t e, Cols cols, const ActRows& a,
     w.int_row(e, cols.n0 + j, row.data());
     for (int64_t k = 0; k < K; ++k) W(j, k) = T(row[size_t(k)]);
   }
-  store(grouped_gemm(w, e, cols, A, W), a.scale, a, c, ldc);
+  store(grouped_gemm(w, e, cols, A, W, &a), a.scale, a, c, ldc);
 }
 
 void int_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  // |sum| <= len * 127 * 15 must stay below 2^24 for float sums to be exact.
-  if (w.group_len() * 127 * 15 < (int64_t(1) << 24)) int_gemm_as<float>(w, e, cols_of(w, b0, b1), a, c, ldc);
+  // |sum| <= len * 127 * max|w| must stay below 2^24 for float sums to be exact.
+  int64_t wmax = 128;
+  if (w.scheme == Scheme::kInt4W4A8) {
+    wmax = 15;
+    for (int i = 0; i < 16 && !w.has_zeros; ++i) wmax = std::max<int64_t>(wmax, std::abs(int(w.codebook[i])));
+  }
+  if (w.group_len() * 127 * wmax < (int64_t(1) << 24)) int_gemm_as<float>(w, e, cols_of(w, b0, b1), a, c, ldc);
   else int_gemm_as<double>(w, e, cols_of(w, b0, b1), a, c, ldc);
 }
 

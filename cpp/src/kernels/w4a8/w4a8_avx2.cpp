@@ -8,6 +8,6 @@
 namespace moe_cpu {
 
 extern const KernelDesc kernel_w4a8_avx2{"w4a8_avx2_4x16", Scheme::kInt4W4A8, "avx2", 4, 16, kFeatAvx2, nullptr,
-                                         kernels::drive<kernels::IntAvx2<true>::Micro, 4, 1, 4>};
+                                         kernels::int4_avx2_gemm<kernels::IntDot::kMaddubs, 4, 1, 4>};
 
 }  // namespace moe_cpu

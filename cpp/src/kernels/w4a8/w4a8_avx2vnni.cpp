@@ -10,6 +10,6 @@ namespace moe_cpu {
 
 extern const KernelDesc kernel_w4a8_avx2vnni{
     "w4a8_avx2vnni_4x16", Scheme::kInt4W4A8, "avx2vnni", 4, 16, kFeatAvx2 | kFeatAvxVnni, nullptr,
-    kernels::drive<kernels::IntAvx2<true, kernels::IntDot::kVnniVex>::Micro, 4, 1, 4>};
+    kernels::int4_avx2_gemm<kernels::IntDot::kVnniVex, 4, 1, 4>};
 
 }  // namespace moe_cpu

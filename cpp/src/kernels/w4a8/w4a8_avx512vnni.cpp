@@ -1,7 +1,8 @@
 // w4a8_avx512vnni.cpp — INT4 weights x per-row INT8 activations, AVX-512 VNNI.
 // Tile: 6 rows x 32 columns (12 zmm accumulators + 12 fp32 group sums, all in registers), K step 8 (two vpdpbusd per 64-byte panel row);
 // decode (one row) takes 64 columns at a time with software prefetch.
-// Packed weights: common/layout.h int4 panels (nibble u = q+8, or raw with zero points).
+// Packed weights: common/layout.h int4 panels (nibble u = q+8, raw with zero points, or a codebook
+// index: one vpshufb per 64 codes); optional group offsets (mins) cost one FMA per group.
 // Scales: fp32 per (column, group); group a multiple of 32 (or per channel).
 // Needs: AVX512F, AVX512BW, AVX512VNNI. Limits: any M, any N (tail masked), K % group == 0.
 #include "kernels/int_avx512vnni.h"
@@ -11,6 +12,6 @@ namespace moe_cpu {
 
 extern const KernelDesc kernel_w4a8_avx512vnni{
     "w4a8_avx512vnni_6x32", Scheme::kInt4W4A8, "avx512vnni", 6, 32, kFeatAvx512 | kFeatAvx512Vnni,
-    nullptr, kernels::drive<kernels::IntVnni<true>::Micro, 6, 2, 8>};
+    nullptr, kernels::int4_vnni_gemm<6, 2, 8>};
 
 }  // namespace moe_cpu

@@ -1,0 +1,47 @@
+// kernel_test_util.h — activation rows in the kernels' layout, and the kernel a test can run.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "common/numeric.h"
+#include "dispatch/registry.h"
+#include "moe_cpu/cpu_features.h"
+
+namespace moe_cpu::test {
+#if defined(__x86_64__)
+extern const KernelDesc* const kEvexTwins[2];  // avx2vnni_evex_twins.cpp
+#endif
+
+// Activation rows in the layout the kernels read: stride Kp, zero padding, group sums, row_idx.
+struct Acts {
+  std::vector<int8_t> q;
+  std::vector<float> s;
+  std::vector<int32_t> asum, idx;
+  std::vector<uint16_t> b;
+  std::vector<float> f;  // b as fp32 (kernels with f32_acts)
+  void widen() {
+    f.resize(b.size());
+    for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_float(b[i]);
+  }
+  ActRows view(const PackedExperts& p, int64_t R) const {
+    ActRows a;
+    a.rows = R, a.Kp = p.padded_k(), a.row_idx = idx.data(), a.G = p.num_groups();
+    if (!q.empty()) a.q = q.data(), a.scale = s.data(), a.asum = asum.data();
+    else a.bf16 = b.data(), a.f32 = f.data();
+    return a;
+  }
+};
+
+// The kernel to run for `kd`: itself, or on a CPU with AVX512-VNNI but no AVX-VNNI, the EVEX twin of
+// an AVX-VNNI kernel (same source, same semantics; see avx2vnni_evex_twins.cpp).
+inline const KernelDesc* runnable(const KernelDesc* kd) {
+#if defined(__x86_64__)
+  if ((kd->features & active_features()) != kd->features)
+    for (const KernelDesc* t : test::kEvexTwins)
+      if (t->scheme == kd->scheme && std::string(t->isa) == kd->isa && (t->features & active_features()) == t->features)
+        return t;
+#endif
+  return kd;
+}
+
+}  // namespace moe_cpu::test

@@ -1,0 +1,156 @@
+// test_weight_forms.cpp — the int kernels on the checkpoint weight forms: int4 codebooks (IQ4_NL,
+// MXFP4 e2m1 x 2, unsigned 0..15, the int8 extremes), float group offsets (mins) on int4 and int8,
+// and int8 with group 16 (GGUF Q6_K), against a direct double computation of the dequantized math.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernel_test_util.h"
+#include "moe_cpu/errors.h"
+#include "moe_cpu/packed_experts.h"
+#include "test_util.h"
+
+namespace moe_cpu {
+namespace {
+
+constexpr int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+constexpr int8_t kMxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+constexpr int8_t kUnsigned[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+constexpr int8_t kExtremes[16] = {-128, 127, -128, 127, -1, 1, 0, 0, -128, 127, 5, -5, 64, -64, 100, -100};
+
+struct FormCase {
+  const char* label;
+  bool int4;
+  const int8_t* codebook;  // int4: nullptr = signed q in [-8, 7]
+  bool mins;
+  int64_t rows, N, K, group;
+};
+const FormCase kForms[] = {
+    {"Iq4nl_M1", true, kIq4nl, false, 1, 40, 256, 32},
+    {"Iq4nl_M7", true, kIq4nl, false, 7, 33, 128, 32},
+    {"Iq4nl_Mins_M13", true, kIq4nl, true, 13, 70, 192, 64},
+    {"Mxfp4_M1", true, kMxfp4, false, 1, 100, 256, 32},
+    {"Mxfp4_M5", true, kMxfp4, false, 5, 48, 96, 32},
+    {"Mxfp4_PerChannel", true, kMxfp4, false, 3, 17, 160, -1},
+    {"Unsigned_Mins_M1", true, kUnsigned, true, 1, 64, 256, 32},  // Q4_K, Q4_1
+    {"Unsigned_Mins_M9", true, kUnsigned, true, 9, 50, 128, 32},
+    {"Extremes_M6", true, kExtremes, false, 6, 32, 512, 128},
+    {"Signed_Mins_M4", true, nullptr, true, 4, 20, 64, 32},
+    {"Int8_G16_M1", false, nullptr, false, 1, 64, 256, 16},          // Q6_K
+    {"Int8_G16_M11", false, nullptr, false, 11, 37, 272, 16},
+    {"Int8_G16_Mins_M3", false, nullptr, true, 3, 40, 64, 16},
+    {"Int8_G32_Mins_M1", false, nullptr, true, 1, 80, 256, 32},       // Q5_K, Q5_1
+    {"Int8_G32_Mins_M8", false, nullptr, true, 8, 18, 96, 32},
+};
+
+class WeightFormTest : public ::testing::TestWithParam<const KernelDesc*> {};
+
+TEST_P(WeightFormTest, MatchesDequantizedMath) {
+  const KernelDesc* kd = test::runnable(GetParam());
+  if (const std::string m = test::missing_features(kd->features); !m.empty())
+    GTEST_SKIP() << kd->name << " needs CPU features this machine (or MOE_CPU_ISA) lacks: " << m;
+  auto g = test::rng_for_test();
+  int ran = 0;
+  for (const FormCase& c : kForms) {
+    if (c.int4 != (kd->scheme == Scheme::kInt4W4A8)) continue;
+    SCOPED_TRACE(c.label);
+    const int64_t E = 2, e = 1, N = c.N, K = c.K, R = c.rows;
+    const int64_t gl = c.group > 0 ? c.group : K, G = K / gl;
+    const bool extremes = c.codebook == kExtremes;
+    // codes: int4 indices (or signed q), int8 values; the weight value v(code)
+    auto q = c.int4 ? (c.codebook ? test::ints(g, size_t(E * N * K), 0, 15) : test::ints(g, size_t(E * N * K), -8, 7))
+                    : test::ints(g, size_t(E * N * K), -128, 127);
+    auto value = [&](int64_t i) { return c.codebook ? int(c.codebook[uint8_t(q[size_t(i)])]) : int(q[size_t(i)]); };
+    auto s = test::gaussian(g, size_t(E * N * G));
+    auto mn = test::gaussian(g, size_t(E * N * G), 0.5f);
+    if (extremes) std::fill(s.begin(), s.end(), 1.0f);
+    PackedExperts p = c.int4 ? pack_int4(q.data(), E, N, K, s.data(), c.group, nullptr, c.codebook, c.mins ? mn.data() : nullptr)
+                             : pack_int8(q.data(), E, N, K, s.data(), c.group, c.mins ? mn.data() : nullptr);
+    if (kd->supports && !kd->supports(p)) continue;
+    ++ran;
+    // activations: random, or +-127 of one sign per row (the extremes of every int16 / int32 sum)
+    auto aq = test::ints(g, size_t(R * K), -127, 127);
+    if (extremes)
+      for (int64_t i = 0; i < R * K; ++i) aq[size_t(i)] = (i / K) % 2 ? int8_t(-127) : int8_t(127);
+    auto as = test::gaussian(g, size_t(R));
+    test::Acts acts;
+    const int64_t Kp = p.padded_k();
+    acts.q.assign(size_t(R * Kp), 0);
+    acts.asum.assign(size_t(R * G), 0);
+    acts.s = as;
+    acts.idx.resize(size_t(R));
+    for (int64_t r = 0; r < R; ++r) {
+      acts.idx[size_t(r)] = int32_t(r);
+      for (int64_t k = 0; k < K; ++k) acts.q[size_t(r * Kp + k)] = aq[size_t(r * K + k)], acts.asum[size_t(r * G + k / gl)] += aq[size_t(r * K + k)];
+    }
+    std::vector<double> want(size_t(R * N), 0.0);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t gi = 0; gi < G; ++gi) {
+          int64_t dot = 0, asum = 0;
+          for (int64_t k = gi * gl; k < (gi + 1) * gl; ++k) {
+            dot += int64_t(aq[size_t(r * K + k)]) * value((e * N + n) * K + k);
+            asum += aq[size_t(r * K + k)];
+          }
+          const size_t si = size_t((e * N + n) * G + gi);
+          want[size_t(r * N + n)] += (double(dot) * s[si] - (c.mins ? double(mn[si]) * double(asum) : 0.0)) * as[size_t(r)];
+        }
+    std::vector<float> got(size_t(R * N), NAN);
+    kd->gemm(p, e, 0, p.num_blocks(), acts.view(p, R), got.data(), N);
+    if (extremes) {  // integer sums at their largest: exact
+      for (int64_t i = 0; i < R * N; ++i) ASSERT_EQ(double(got[size_t(i)]), double(float(want[size_t(i)]))) << kd->name << " at " << i;
+    } else {
+      EXPECT_LT(test::rel_max_err(got, want), 1e-5) << kd->name;
+    }
+    // the dequantized weights are the same math
+    std::vector<float> deq(size_t(E * N * K));
+    unpack(p, deq.data());
+    for (int64_t i = 0; i < E * N * K; i += 7) {
+      const size_t si = size_t((i / K) * G + (i % K) / gl);
+      const float want_w = float(value(i)) * s[si] - (c.mins ? mn[si] : 0.f);
+      ASSERT_EQ(deq[size_t(i)], want_w) << "unpack at " << i;
+    }
+  }
+  EXPECT_GE(ran, 4) << kd->name << " supports too few of the cases";
+}
+
+std::vector<const KernelDesc*> int_kernels() {
+  std::vector<const KernelDesc*> out;
+  for (const KernelDesc* k : all_kernels())
+    if (is_int_scheme(k->scheme)) out.push_back(k);
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(IntKernels, WeightFormTest, ::testing::ValuesIn(int_kernels()),
+                         [](const auto& info) { return std::string(info.param->name); });
+
+TEST(WeightForms, PackRejectsBadForms) {
+  const int64_t E = 1, N = 4, K = 64;
+  std::vector<int8_t> q(size_t(E * N * K), 3);
+  std::vector<float> s(size_t(E * N * 2), 1.f), m(size_t(E * N * 2), 0.f);
+  std::vector<uint8_t> z(size_t(E * N * 2), 8);
+  EXPECT_THROW(pack_int4(q.data(), E, N, K, s.data(), 32, z.data(), kIq4nl, nullptr), ValueError);
+  m[3] = NAN;
+  EXPECT_THROW(pack_int4(q.data(), E, N, K, s.data(), 32, nullptr, kIq4nl, m.data()), ValueError);
+  EXPECT_THROW(pack_int8(q.data(), E, N, K, s.data(), 32, m.data()), ValueError);
+  q[5] = 16;  // a codebook index past 15
+  EXPECT_THROW(pack_int4(q.data(), E, N, K, s.data(), 32, nullptr, kIq4nl, nullptr), ValueError);
+}
+
+TEST(WeightForms, FormNamesAndDerivedTable) {
+  const int64_t E = 1, N = 4, K = 64;
+  std::vector<int8_t> q(size_t(E * N * K), 3);
+  std::vector<float> s(size_t(E * N * 2), 1.f), m(size_t(E * N * 2), 0.25f);
+  PackedExperts a = pack_int4(q.data(), E, N, K, s.data(), 32, nullptr, kIq4nl, m.data());
+  EXPECT_EQ(a.form(), "int4+codebook+mins");
+  EXPECT_TRUE(a.code_shuffle);
+  EXPECT_EQ(a.code_zero, 127);
+  EXPECT_EQ(a.code_table[15], 113 + 127);
+  PackedExperts b = pack_int4(q.data(), E, N, K, s.data(), 32, nullptr, kUnsigned, nullptr);
+  EXPECT_FALSE(b.code_shuffle);  // the identity table: plain nibbles, zero point 0
+  EXPECT_EQ(b.code_zero, 0);
+  PackedExperts c = pack_int8(q.data(), E, N, K, s.data(), 32, m.data());
+  EXPECT_EQ(c.form(), "int8+mins");
+}
+
+}  // namespace
+}  // namespace moe_cpu

@@ -1,0 +1,149 @@
+"""The checkpoint weight forms: int4 codebooks, float group offsets (mins), int8 with group 16, and
+w13 / w2 in different int forms. Packed weights must unpack to exactly value * scale - min (float32),
+and fused_experts must match moe_cpu/reference.py on the same codes."""
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+import moe_cpu
+from conftest import assert_close, make_input, make_routing, ref
+
+IQ4_NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+UNSIGNED = tuple(range(16))
+
+
+def form_weights(rng, form, E, N, K):
+    """(RefWeights, PackedExperts) of random codes in a GGUF-like form, outputs of unit scale."""
+    if form in ("iq4nl", "mxfp4", "q4k"):
+        cb = {"iq4nl": IQ4_NL, "mxfp4": MXFP4, "q4k": UNSIGNED}[form]
+        g, G = 32, K // 32
+        q = rng.integers(0, 16, (E, N, K)).astype(np.uint8)
+        if form == "mxfp4":   # power-of-two scales, as MXFP4's e8m0 bytes give
+            s = np.ldexp(np.float32(1), rng.integers(-3, 0, (E, N, G)) - int(np.log2(np.sqrt(K)) + 2)).astype(np.float32)
+        else:
+            s = (rng.uniform(0.5, 1.5, (E, N, G)) / ((60 if form == "iq4nl" else 8) * np.sqrt(K))).astype(np.float32)
+        m = (s * rng.uniform(0, 15, (E, N, G))).astype(np.float32) if form == "q4k" else None
+        return (ref.RefWeights.int4(q, s, g, codebook=cb, mins=m),
+                moe_cpu.pack_int4(q, s, g, codebook=cb, mins=m))
+    g = 16 if form == "q6k" else 32
+    lo, hi = (-32, 31) if form == "q6k" else (0, 31)
+    q = rng.integers(lo, hi + 1, (E, N, K)).astype(np.int8)
+    s = (rng.uniform(0.5, 1.5, (E, N, K // g)) / (20 * np.sqrt(K))).astype(np.float32)
+    m = (s * rng.uniform(0, 31, s.shape)).astype(np.float32) if form == "q5k" else None
+    return ref.RefWeights.int8(q, s, g, mins=m), moe_cpu.pack_int8(q, s, g, mins=m)
+
+
+FORMS = ["iq4nl", "mxfp4", "q4k", "q6k", "q5k"]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_unpack_is_value_times_scale_minus_min(rng, form):
+    r, p = form_weights(rng, form, 2, 48, 128)
+    d = p.unpack_quantized()
+    g = r.group
+    value = r.codebook[r.codes.astype(np.int64)] if r.codebook is not None else r.codes
+    want = value.astype(np.float32) * np.repeat(r.scales, g, axis=2)
+    if r.mins is not None:
+        want = want - np.repeat(r.mins, g, axis=2)
+    assert p.unpack().dtype == np.float32
+    np.testing.assert_array_equal(p.unpack(), want)
+    np.testing.assert_array_equal(d["qweight"], r.codes)
+    np.testing.assert_array_equal(d["scales"], r.scales)
+    assert (d["mins"] is None) == (r.mins is None)
+    if r.mins is not None:
+        np.testing.assert_array_equal(d["mins"], r.mins)
+    assert p.has_mins == (r.mins is not None)
+    if p.scheme == "int4_w4a8":
+        np.testing.assert_array_equal(p.codebook, r.codebook)
+        assert p.form == "int4+codebook" + ("+mins" if r.mins is not None else "")
+    else:
+        assert p.codebook is None and p.form == "int8" + ("+mins" if r.mins is not None else "")
+    assert f"form={p.form}" in repr(p)
+
+
+PAIRS = [("iq4nl", "iq4nl"), ("mxfp4", "mxfp4"), ("q4k", "q6k"), ("q5k", "q6k"), ("q6k", "q4k"), ("iq4nl", "q5k")]
+
+
+@pytest.mark.parametrize("M", [0, 1, 3, 257])
+@pytest.mark.parametrize("pair", PAIRS, ids=["-".join(p) for p in PAIRS])
+def test_fused_experts_matches_reference(rng, pair, M):
+    E, k, H, I = 4, 2, 96, 64
+    r13, p13 = form_weights(rng, pair[0], E, 2 * I, H)
+    r2, p2 = form_weights(rng, pair[1], E, H, I)
+    x = make_input(rng, M, H)
+    tw, ids = make_routing(rng, M, E, k)
+    got = moe_cpu.fused_experts(x, p13, p2, tw, ids)
+    want = ref.fused_experts_ref(x, r13, r2, tw, ids)
+    assert_close(got, want, "int4_w4a8", f"{pair} M={M}")   # the looser of the two int tolerances
+
+
+@pytest.mark.parametrize("E,k", [(1, 1), (3, 3)])
+def test_one_expert_and_k_equal_to_e(rng, E, k):
+    H, I = 64, 32
+    r13, p13 = form_weights(rng, "q4k", E, 2 * I, H)
+    r2, p2 = form_weights(rng, "q6k", E, H, I)
+    x = make_input(rng, 5, H)
+    tw, ids = make_routing(rng, 5, E, k)
+    assert_close(moe_cpu.fused_experts(x, p13, p2, tw, ids), ref.fused_experts_ref(x, r13, r2, tw, ids), "int4_w4a8")
+
+
+def test_int_float_pair_is_refused_by_name(rng):
+    _, p13 = form_weights(rng, "q4k", 2, 64, 64)
+    w2 = moe_cpu.quantize_experts(rng.standard_normal((2, 64, 32)).astype(np.float32), "bf16")
+    x = make_input(rng, 2, 64)
+    tw, ids = make_routing(rng, 2, 2, 1)
+    with pytest.raises(ValueError, match="w13 is packed as int4_w4a8 but w2 as bf16"):
+        moe_cpu.fused_experts(x, p13, w2, tw, ids)
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+@pytest.mark.parametrize("form", FORMS)
+def test_packed_file_round_trip(rng, tmp_path, form, mmap):
+    _, p = form_weights(rng, form, 2, 48, 64)
+    p.save(tmp_path / "w.moe")
+    back = moe_cpu.load_packed(tmp_path / "w.moe", mmap=mmap)
+    assert (back.form, back.nbytes, back.group_size) == (p.form, p.nbytes, p.group_size)
+    np.testing.assert_array_equal(back.unpack(), p.unpack())
+    for key, arr in p.unpack_quantized().items():
+        got = back.unpack_quantized()[key]
+        assert (arr is None and got is None) or np.array_equal(arr, got), key
+
+
+def test_version_1_files_still_load(rng, tmp_path):
+    """A version 2 file of a form version 1 had, rewritten as version 1 wrote it (3 sections, zero
+    padding where version 2 keeps the mins and the codebook), loads to the same weights."""
+    q = rng.integers(-8, 8, (2, 32, 64)).astype(np.int8)
+    s = rng.uniform(0.5, 1, (2, 32, 2)).astype(np.float32)
+    p = moe_cpu.pack_int4(q, s, 32)
+    p.save(tmp_path / "v2.moe")
+    b = bytearray((tmp_path / "v2.moe").read_bytes())
+    assert struct.unpack_from("<I", b, 8)[0] == 2
+    struct.pack_into("<I", b, 8, 1)                 # version
+    struct.pack_into("<I", b, 68, 3)                # section count
+    b[208:252] = bytes(44)                          # version 1's zero padding
+    struct.pack_into("<I", b, 252, zlib.crc32(bytes(b[:252])))
+    (tmp_path / "v1.moe").write_bytes(bytes(b))
+    v1 = moe_cpu.load_packed(tmp_path / "v1.moe")
+    assert v1.form == "int4"
+    np.testing.assert_array_equal(v1.unpack(), p.unpack())
+
+
+@pytest.mark.parametrize("call,exc,needle", [
+    ("moe_cpu.pack_int4(q, s, 32, zeros=np.zeros((1, 4, 2), np.uint8), codebook=IQ4_NL)", ValueError, "not both"),
+    ("moe_cpu.pack_int4(q, s, 32, codebook=np.array(IQ4_NL, np.int16))", TypeError, "codebook"),
+    ("moe_cpu.pack_int4(q, s, 32, codebook=IQ4_NL[:15])", ValueError, "codebook"),
+    ("moe_cpu.pack_int4(q, s, 32, codebook=(200,) * 16)", ValueError, "int8 range"),
+    ("moe_cpu.pack_int4(q + 16, s, 32, codebook=IQ4_NL)", ValueError, "[0, 15] (4-bit codebook indices)"),
+    ("moe_cpu.pack_int4(q, s, 32, codebook=IQ4_NL, mins=np.full((1, 4, 2), np.nan, np.float32))", ValueError, "mins"),
+    ("moe_cpu.pack_int4(q, s, 32, codebook=IQ4_NL, mins=np.zeros((1, 4, 3), np.float32))", ValueError, "mins"),
+    ("moe_cpu.pack_int8(q.view(np.int8), s, 32, mins=np.zeros((1, 4, 2), np.float64))", TypeError, "mins"),
+])
+def test_bad_forms_raise(call, exc, needle):
+    q = np.zeros((1, 4, 64), np.uint8)
+    s = np.ones((1, 4, 2), np.float32)
+    with pytest.raises(exc, match=None) as info:
+        eval(call, {"moe_cpu": moe_cpu, "np": np, "q": q, "s": s, "IQ4_NL": IQ4_NL})
+    assert needle in str(info.value)

@@ -30,6 +30,12 @@ _SCORING = ("softmax", "sigmoid")
 
 
 # ---------------------------------------------------------------------------------------- checks
+def _pair_ok(w13: PackedExperts, w2: PackedExperts) -> bool:
+    """fused_experts' pairs: one scheme, or int4_w4a8 / int8_w8a8 in any pair."""
+    ints = ("int4_w4a8", "int8_w8a8")
+    return w13.scheme == w2.scheme or (w13.scheme in ints and w2.scheme in ints)
+
+
 def _int(v: object, name: str) -> int:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(v).__name__}")
@@ -76,7 +82,7 @@ class MoELayer:
     Args:
         gate: router weight, float32 ``[E, H]`` (logits = x @ gate.T).
         w13: PackedExperts ``[E, 2I, H]`` (rows [0, I) gate, [I, 2I) up; interleaved for "swigluoai").
-        w2: PackedExperts ``[E, H, I]`` of the same scheme.
+        w2: PackedExperts ``[E, H, I]`` of the same scheme (or int4_w4a8 / int8_w8a8 in any pair).
         top_k: experts per token, in [1, E].
         w13_bias, w2_bias: optional float32 ``[E, 2I]`` / ``[E, H]`` expert biases.
         shared_w13, shared_w2: optional shared expert, PackedExperts ``[1, 2Is, H]`` / ``[1, H, Is]``
@@ -100,8 +106,9 @@ class MoELayer:
                  e_score_correction_bias: Optional[np.ndarray] = None, routed_scaling_factor: float = 1.0,
                  activation: str = "silu", gate_bias: Optional[np.ndarray] = None) -> None:
         self.w13, self.w2 = _packed(w13, "w13"), _packed(w2, "w2")
-        if w13.scheme != w2.scheme:
-            raise ValueError(f"w13 is packed as {w13.scheme} but w2 as {w2.scheme}; both must use the same scheme")
+        if not _pair_ok(w13, w2):
+            raise ValueError(f"w13 is packed as {w13.scheme} but w2 as {w2.scheme}; both must use the same scheme, "
+                             "or int4_w4a8 / int8_w8a8 in any pair")
         E, H = w13.num_experts, w13.in_features
         if w13.out_features % 2:
             raise ValueError(f"w13.out_features = {w13.out_features} must be even (2 * I: gate and up)")
@@ -121,7 +128,7 @@ class MoELayer:
         self.shared_w13, self.shared_w2 = shared_w13, shared_w2
         if shared_w13 is not None:
             s13, s2 = _packed(shared_w13, "shared_w13"), _packed(shared_w2, "shared_w2")
-            if s13.scheme != s2.scheme:
+            if not _pair_ok(s13, s2):
                 raise ValueError(f"shared_w13 is packed as {s13.scheme} but shared_w2 as {s2.scheme}")
             if s13.num_experts != 1 or s2.num_experts != 1:
                 raise ValueError(f"the shared expert must have num_experts == 1, got shared_w13 "
@@ -376,15 +383,20 @@ class MoELayer:
         return ", ".join(parts)
 
     def __repr__(self) -> str:
-        w = self.w13
-        quant = {"int4_w4a8": f"group {w.group_size}", "int8_w8a8": f"group {w.group_size}",
-                 "fp8_w8a16": f"block {w.block_size}", "bf16": ""}[w.scheme]
-        quant = quant.replace("group -1", "per channel")
+        def desc(w: PackedExperts) -> str:
+            quant = {"int4_w4a8": f"group {w.group_size}", "int8_w8a8": f"group {w.group_size}",
+                     "fp8_w8a16": f"block {w.block_size}", "bf16": ""}[w.scheme].replace("group -1", "per channel")
+            if w.form not in ("int4", "int8", "fp8", "bf16"):
+                quant += f", {w.form}"
+            return f"{w.scheme}{' (' + quant + ')' if quant else ''}, kernel {w.kernel}"
+
+        w13, w2 = self.w13, self.w2
+        same = (w13.scheme, w13.form, w13.group_size) == (w2.scheme, w2.form, w2.group_size)
+        weights = desc(w13) if same else f"w13 {desc(w13)}; w2 {desc(w2)}"
         biases = ", with biases" if self.w13_bias is not None or self.w2_bias is not None else ""
         lines = [f"MoELayer(E={self.num_experts}, H={self.hidden_size}, I={self.intermediate_size}, "
                  f"top_k={self.top_k}, activation={self.activation})",
-                 f"  weights: {w.scheme}{' (' + quant + ')' if quant else ''}, kernel {w.kernel}, "
-                 f"{_mib(self.nbytes)}{biases}",
+                 f"  weights: {weights}, {_mib(self.nbytes)}{biases}",
                  f"  routing: {self._routing_str()}"]
         if self.has_shared_expert:
             lines.append(f"  shared expert: Is={self.shared_w2.in_features}, {self.shared_w13.scheme}, "

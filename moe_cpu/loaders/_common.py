@@ -16,7 +16,7 @@ from .. import api
 from .._core import PackedExperts
 from .config import MoEConfig
 
-__all__ = ["LayerWeights", "Part", "Source", "resolve_scheme", "build_experts", "bf16_bits_to_f32"]
+__all__ = ["LayerWeights", "Part", "Source", "resolve_scheme", "resolve_pair", "build_experts", "bf16_bits_to_f32"]
 
 INT_SCHEMES = ("int4_w4a8", "int8_w8a8")
 
@@ -79,13 +79,16 @@ class LayerWeights:
 class Part:
     """One expert's slice of a projection, rows [r0, r0 + n) of the stacked tensor.
 
-    kind "int": q int8 ``[n, K]`` and scales float32 ``[n, G]``; "fp8": q uint8 e4m3fn codes and
-    scales float32 ``[ceil(n/bn), ceil(K/bk)]`` with ``bn`` given; "float": q float32 ``[n, K]``.
+    kind "int": q int8 ``[n, K]`` (with ``codebook``: uint8 indices) and scales float32 ``[n, G]``,
+    optional mins float32 ``[n, G]`` (the weight is value * scale - min); "fp8": q uint8 e4m3fn codes
+    and scales float32 ``[ceil(n/bn), ceil(K/bk)]`` with ``bn`` given; "float": q float32 ``[n, K]``.
     """
     kind: str
     q: np.ndarray
     scales: Optional[np.ndarray] = None
     bn: int = 0
+    mins: Optional[np.ndarray] = None
+    codebook: Optional[Tuple[int, ...]] = None
 
 
 @dataclass
@@ -94,12 +97,16 @@ class Source:
 
     native: the scheme its data is in ("int4_w4a8", "int8_w8a8", "fp8_w8a16") or "float";
     group: int group size (-1 per channel) or fp8 (bn, bk); read(e) -> Part of expert e.
+    codebook: int4 whose codes index 16 values (GGUF IQ4_NL / IQ4_XS / MXFP4 / Q4_K), else None;
+    mins: True when its parts carry group offsets.
     """
     name: str
     rows: int
     native: str
     group: object
     read: Callable[[int], Part]
+    codebook: Optional[Tuple[int, ...]] = None
+    mins: bool = False
 
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -116,6 +123,10 @@ def resolve_scheme(sources: Sequence[Source], requested: Optional[str], what: st
     """
     natives = {s.native for s in sources}
     names = ", ".join(s.name for s in sources)
+    if natives <= set(INT_SCHEMES):   # int4 stays int4 only with one codebook and groups of 32s
+        gs = [s.group for s in sources if s.group != -1]
+        if len({s.codebook for s in sources}) > 1 or (gs and math.gcd(*gs) % 32):
+            natives = natives | {"int8_w8a8"}
     if natives == {"float"}:
         return requested or "bf16"
     if "float" in natives:
@@ -134,14 +145,26 @@ def resolve_scheme(sources: Sequence[Source], requested: Optional[str], what: st
     return scheme
 
 
+def resolve_pair(w13: Sequence[Source], w2: Sequence[Source], requested: Optional[str],
+                 what: str) -> Tuple[str, str]:
+    """Schemes of (w13, w2): one scheme as resolve_scheme gives, except that quantized int checkpoints
+    keep each side's own form (fused_experts takes int4 / int8 in any pair)."""
+    both = resolve_scheme(list(w13) + list(w2), requested, what)
+    if both in INT_SCHEMES and all(s.native in INT_SCHEMES for s in list(w13) + list(w2)):
+        return resolve_scheme(w13, requested, what + " w13"), resolve_scheme(w2, requested, what + " w2")
+    return both, both
+
+
 def _stack_group(sources: Sequence[Source], scheme: str, group_size: Optional[int],
-                 block: Tuple[int, int], what: str) -> object:
+                 block: Tuple[int, int], what: str, K: int) -> object:
     """Group size (int schemes) or (bn, bk) block (fp8) of the stacked tensor."""
     if sources[0].native == "float":
         if scheme in INT_SCHEMES:
             return (128 if scheme == "int4_w4a8" else -1) if group_size is None else group_size
         return tuple(block) if scheme == "fp8_w8a16" else -1
     groups = {s.group for s in sources}
+    if scheme in INT_SCHEMES and len(groups) > 1:   # the finest group that every source's groups split into
+        return math.gcd(*[K if g == -1 else g for g in groups])
     if len(groups) != 1:
         raise ValueError(f"{what}: tensors {', '.join(s.name for s in sources)} use different groups / blocks "
                          f"{sorted(groups, key=str)}")
@@ -163,13 +186,18 @@ def build_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: 
     whole stacked layer at once (groups and blocks never cross experts).
     """
     N = sum(s.rows for s in sources)
-    g = _stack_group(sources, scheme, group_size, block, what)
+    g = _stack_group(sources, scheme, group_size, block, what, K)
     from_float = sources[0].native == "float"
+    # int4 kept as int4 stores codebook indices when the sources have a codebook (all the same one)
+    codebook = sources[0].codebook if scheme == "int4_w4a8" and not from_float else None
+    m = None
     if scheme in INT_SCHEMES:
         if not (g == -1 or (isinstance(g, int) and g > 0 and K % g == 0)):
             raise ValueError(f"{what}: group_size = {g} must divide K = {K} (or be -1)")
-        q = np.empty((E, N, K), np.int8)
+        q = np.empty((E, N, K), np.uint8 if codebook is not None else np.int8)
         s = np.empty((E, N, 1 if g == -1 else K // g), np.float32)
+        if any(src.mins for src in sources):
+            m = np.zeros(s.shape, np.float32)
     elif scheme == "fp8_w8a16":
         q = np.empty((E, N, K), np.uint8)
         s = np.empty((E, -(-N // g[0]), -(-K // g[1])), np.float32)
@@ -191,19 +219,25 @@ def build_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: 
         r0 = 0
         for src, p in zip(sources, parts):
             n = src.rows
-            q[e, r0:r0 + n] = p.q
-            if scheme == "fp8_w8a16":     # expand source row blocks (bn) to the stack's (g[0] divides bn)
+            if scheme == "int8_w8a8" and p.codebook is not None:   # int4 indices widened to their int8 values
+                q[e, r0:r0 + n] = np.asarray(p.codebook, np.int8)[p.q]
+            else:
+                q[e, r0:r0 + n] = p.q
+            if scheme in INT_SCHEMES:   # source groups may be coarser than the stack's: repeat their scales
+                rep = s.shape[2] // p.scales.shape[1]
+                s[e, r0:r0 + n] = np.repeat(p.scales, rep, axis=1) if rep > 1 else p.scales
+                if p.mins is not None:
+                    m[e, r0:r0 + n] = np.repeat(p.mins, rep, axis=1) if rep > 1 else p.mins
+            elif scheme == "fp8_w8a16":     # expand source row blocks (bn) to the stack's (g[0] divides bn)
                 bn = g[0]
                 rows = (np.arange(-(-n // bn)) * bn) // p.bn
                 s[e, r0 // bn: r0 // bn + len(rows)] = p.scales[rows]
-            else:
-                s[e, r0:r0 + n] = p.scales
             r0 += n
     try:
         if scheme == "int4_w4a8":
-            return api.pack_int4(q, s, group_size=g)
+            return api.pack_int4(q, s, group_size=g, codebook=codebook, mins=m)
         if scheme == "int8_w8a8":
-            return api.pack_int8(q, s, group_size=g)
+            return api.pack_int8(q, s, group_size=g, mins=m)
         if scheme == "fp8_w8a16":
             return api.pack_fp8(q, s, block_size=g)
         return api.pack_bf16(q)

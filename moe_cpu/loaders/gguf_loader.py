@@ -5,30 +5,168 @@ array ``[E, N, K]``. Expert tensors: ``blk.L.ffn_{gate,up,down}_exps.weight`` (o
 ``ffn_gate_up_exps.weight``, gate rows first), router ``blk.L.ffn_gate_inp.weight``, shared expert
 ``blk.L.ffn_{gate,up,down}_shexp.weight``, optional biases ``*.bias``, ``blk.L.exp_probs_b.bias``.
 
-Types (lossless unless noted):
-- Q4_0 (per 32 elements: fp16 ``d`` then 16 bytes; byte j holds element j in its low nibble and
-  element j + 16 in its high nibble; value = (nibble - 8) * d) -> int4_w4a8, group_size 32;
-- Q8_0 (fp16 ``d`` then 32 int8) -> int8_w8a8, group_size 32; Q4_0 and Q8_0 mixed in one layer
-  -> int8_w8a8 for all (int4 codes are int8 codes);
+Types (all lossless but F16 / F32; ``unpack()`` equals ``gguf.quants.dequantize`` bit for bit):
+- Q4_0 -> int4_w4a8 g32 (value = nibble - 8); Q8_0 -> int8_w8a8 g32;
+- Q4_1 -> int4 g32, codes 0..15, mins (d * q + m: scale d, min -m); Q5_0 -> int8 g32 (q - 16);
+  Q5_1 -> int8 g32 with mins;
+- Q4_K -> int4 g32, codes 0..15, scale d * sc, min dmin * m (6-bit sc / m per 32 of a 256 block);
+  Q5_K -> int8 g32 with the same scales and mins; Q6_K -> int8 group 16 (d * sc * (q - 32));
+- IQ4_NL -> int4 g32 through its 16-value codebook; IQ4_XS -> the same with scale d * (ls - 32);
+  MXFP4 -> int4 g32 through e2m1 x 2 = {0, +-1, +-2, +-3, +-4, +-6, +-8, +-12}, scale 2^(e - 128);
 - BF16 -> bf16 exactly; F16 and F32 are unquantized: quantized on load to ``scheme``, by default
-  bf16 (rounded to nearest even, so F16 values with more than 8 significant bits change);
-- any other type raises ``ValueError("unsupported GGUF type <NAME> for tensor <name>")``.
+  bf16 (rounded to nearest even, so F16 values with more than 8 significant bits change).
+gate and up (and each of w13 / w2) keep their own form when they agree, and become int8 (codes
+widened exactly) when they do not; w13 and w2 may differ (e.g. Q4_K gate/up with Q6_K down).
+Any other type raises ``ValueError("unsupported GGUF type <NAME> for tensor <name>")``; a d field
+that is NaN or infinite, or a tensor whose bytes do not fit its type and shape, raises ValueError.
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from ._common import LayerWeights, Part, Source, build_experts, resolve_scheme
+from ._common import LayerWeights, Part, Source, build_experts, resolve_pair
 from .config import config_from_gguf
 
 __all__ = ["load_gguf_layer"]
 
-QK = 32                                   # Q4_0 / Q8_0 block length
-_NATIVE = {"Q4_0": ("int4_w4a8", QK), "Q8_0": ("int8_w8a8", QK),
-           "BF16": ("float", -1), "F16": ("float", -1), "F32": ("float", -1)}
+IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)   # e2m1 x 2
+UNSIGNED4 = tuple(range(16))
+
+
+class _Blocks:
+    """The blocks of N rows of one tensor: b uint8 [N, nb, bytes per block]; name for errors."""
+
+    def __init__(self, b: np.ndarray, name: str):
+        self.b, self.name = b, name
+
+    def f16(self, off: int, what: str = "d") -> np.ndarray:
+        """The fp16 field at byte ``off`` of every block as float32 [N, nb]; NaN / inf raise."""
+        v = np.ascontiguousarray(self.b[..., off:off + 2]).view(np.float16)[..., 0].astype(np.float32)
+        bad = ~np.isfinite(v)
+        if bad.any():
+            r, blk = (int(i[0]) for i in np.nonzero(bad))
+            raise ValueError(f"tensor {self.name}: block {blk} of row {r} has a non-finite {what} ({v[r, blk]}); "
+                             "the file is corrupted")
+        return v
+
+    def nibbles(self, off: int, n: int) -> np.ndarray:
+        """Bytes [off, off + n) as 2n 4-bit codes: low nibbles first, then high (uint8 [N, nb, 2n])."""
+        q = self.b[..., off:off + n]
+        return np.concatenate([q & 15, q >> 4], axis=-1)
+
+
+def _rows(q: np.ndarray) -> np.ndarray:
+    """[N, nb, ...] -> [N, K]."""
+    return np.ascontiguousarray(q.reshape(q.shape[0], -1))
+
+
+def _k_scale_min(b: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K: the 8 six-bit scales and mins packed in 12 bytes b [..., 12] (float32 each)."""
+    lo, hi = b[..., 0:4], b[..., 8:12]
+    sc = np.concatenate([lo & 63, (hi & 15) | ((lo >> 6) << 4)], axis=-1)
+    mn = np.concatenate([b[..., 4:8] & 63, (hi >> 4) | ((b[..., 4:8] >> 6) << 4)], axis=-1)
+    return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def _five_bit(low4: np.ndarray, qh: np.ndarray) -> np.ndarray:
+    """32-element blocks: low 4 bits and bit 4 of element i = bit i of the little-endian u32 qh."""
+    bits = np.unpackbits(qh, axis=-1, bitorder="little")          # [N, nb, 32]
+    return low4 | (bits << 4)
+
+
+def _q4_1(t: _Blocks) -> Part:
+    d, m = t.f16(0), t.f16(2, "m")
+    return Part("int", _rows(t.nibbles(4, 16)), d, mins=-m, codebook=UNSIGNED4)
+
+
+def _q5_0(t: _Blocks) -> Part:
+    d = t.f16(0)
+    q = _five_bit(t.nibbles(6, 16), t.b[..., 2:6]).astype(np.int8) - np.int8(16)
+    return Part("int", _rows(q), d)
+
+
+def _q5_1(t: _Blocks) -> Part:
+    d, m = t.f16(0), t.f16(2, "m")
+    return Part("int", _rows(_five_bit(t.nibbles(8, 16), t.b[..., 4:8]).astype(np.int8)), d, mins=-m)
+
+
+def _k_quant_scales(t: _Blocks) -> Tuple[np.ndarray, np.ndarray]:
+    d, dmin = t.f16(0), t.f16(2, "dmin")
+    sc, mn = _k_scale_min(t.b[..., 4:16])
+    return _rows(d[..., None] * sc), _rows(dmin[..., None] * mn)
+
+
+def _q4_k(t: _Blocks) -> Part:
+    s, m = _k_quant_scales(t)
+    q = np.concatenate([t.nibbles(16 + 32 * c, 32) for c in range(4)], axis=-1)   # 64 per 32 bytes
+    return Part("int", _rows(q), s, mins=m, codebook=UNSIGNED4)
+
+
+def _q5_k(t: _Blocks) -> Part:
+    s, m = _k_quant_scales(t)
+    low = np.concatenate([t.nibbles(48 + 32 * c, 32) for c in range(4)], axis=-1).reshape(*t.b.shape[:2], 8, 32)
+    bit = (t.b[..., None, 16:48] >> np.arange(8, dtype=np.uint8)[:, None]) & 1    # sub-block j: bit j of qh[i]
+    return Part("int", _rows((low | (bit << 4)).astype(np.int8)), s, mins=m)
+
+
+def _q6_k(t: _Blocks) -> Part:
+    d = t.f16(208)
+    sc = t.b[..., 192:208].view(np.int8).astype(np.float32)
+    halves = []
+    for h in range(2):   # 128 elements per half: ql 64 bytes, qh 32 bytes
+        ql, qh = t.b[..., 64 * h:64 * h + 64], t.b[..., 128 + 32 * h:160 + 32 * h]
+        lo = [ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4]
+        halves += [lo[i] | (((qh >> (2 * i)) & 3) << 4) for i in range(4)]
+    q = np.concatenate(halves, axis=-1).astype(np.int8) - np.int8(32)
+    return Part("int", _rows(q), _rows(d[..., None] * sc))
+
+
+def _iq4_nl(t: _Blocks) -> Part:
+    return Part("int", _rows(t.nibbles(2, 16)), t.f16(0), codebook=IQ4_NL_VALUES)
+
+
+def _iq4_xs(t: _Blocks) -> Part:
+    d = t.f16(0)
+    sh = np.ascontiguousarray(t.b[..., 2:4]).view(np.uint16)[..., 0]
+    j = np.arange(8)
+    ls = ((t.b[..., 4 + j // 2] >> (4 * (j % 2)).astype(np.uint8)) & 15) | \
+         (((sh[..., None] >> (2 * j).astype(np.uint16)) & 3) << 4).astype(np.uint8)
+    q = np.concatenate([t.nibbles(8 + 16 * i, 16) for i in range(8)], axis=-1)
+    return Part("int", _rows(q), _rows(d[..., None] * (ls.astype(np.float32) - 32)), codebook=IQ4_NL_VALUES)
+
+
+def _mxfp4(t: _Blocks) -> Part:
+    s = np.ldexp(np.float32(1), t.b[..., 0].astype(np.int32) - 128).astype(np.float32)
+    return Part("int", _rows(t.nibbles(1, 16)), s, codebook=MXFP4_VALUES)
+
+
+def _q4_0(t: _Blocks) -> Part:
+    return Part("int", _rows(t.nibbles(2, 16).astype(np.int8) - np.int8(8)), t.f16(0))
+
+
+def _q8_0(t: _Blocks) -> Part:
+    return Part("int", _rows(np.ascontiguousarray(t.b[..., 2:]).view(np.int8)), t.f16(0))
+
+
+# type -> (native scheme, group, elements per block, bytes per block, decoder, codebook, mins)
+_QUANT: Dict[str, Tuple[str, int, int, int, Callable[[_Blocks], Part], Optional[tuple], bool]] = {
+    "Q4_0": ("int4_w4a8", 32, 32, 18, _q4_0, None, False),
+    "Q4_1": ("int4_w4a8", 32, 32, 20, _q4_1, UNSIGNED4, True),
+    "Q5_0": ("int8_w8a8", 32, 32, 22, _q5_0, None, False),
+    "Q5_1": ("int8_w8a8", 32, 32, 24, _q5_1, None, True),
+    "Q8_0": ("int8_w8a8", 32, 32, 34, _q8_0, None, False),
+    "Q4_K": ("int4_w4a8", 32, 256, 144, _q4_k, UNSIGNED4, True),
+    "Q5_K": ("int8_w8a8", 32, 256, 176, _q5_k, None, True),
+    "Q6_K": ("int8_w8a8", 16, 256, 210, _q6_k, None, False),
+    "IQ4_NL": ("int4_w4a8", 32, 32, 18, _iq4_nl, IQ4_NL_VALUES, False),
+    "IQ4_XS": ("int4_w4a8", 32, 256, 136, _iq4_xs, IQ4_NL_VALUES, False),
+    "MXFP4": ("int4_w4a8", 32, 32, 17, _mxfp4, MXFP4_VALUES, False),
+}
+_FLOAT = ("BF16", "F16", "F32")
 
 
 def _type(t: Any) -> str:
@@ -38,31 +176,29 @@ def _type(t: Any) -> str:
 def _decode(t: Any, row: np.ndarray, N: int, K: int) -> Part:
     """One expert's [N, K] slice of GGUF tensor ``t`` (raw rows from the memory map) -> Part."""
     typ = _type(t)
-    if typ in ("Q4_0", "Q8_0"):
-        size = 2 + (QK // 2 if typ == "Q4_0" else QK)
-        blocks = np.asarray(row, np.uint8).reshape(N, K // QK, size)
-        d = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0].astype(np.float32)
-        qs = blocks[..., 2:]
-        if typ == "Q4_0":   # low nibbles: elements 0..15, high nibbles: 16..31
-            q = (np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int8) - 8).reshape(N, K)
-        else:
-            q = np.ascontiguousarray(qs).view(np.int8).reshape(N, K)
-        return Part("int", q, d)
+    if typ in _QUANT:
+        _, _, blk, size, dec, _, _ = _QUANT[typ]
+        return dec(_Blocks(np.asarray(row, np.uint8).reshape(N, K // blk, size), t.name))
     if typ == "BF16":
         bits = np.asarray(row).view(np.uint16).reshape(N, K)
         return Part("float", (bits.astype(np.uint32) << 16).view(np.float32))
     return Part("float", np.asarray(row, np.float32).reshape(N, K))   # F16 / F32
 
 
+def _values(p: Part) -> np.ndarray:
+    """A Part's float32 values: value * scale - min (the same float32 operations as unpack())."""
+    if p.kind == "float":
+        return p.q
+    v = np.asarray(p.codebook, np.int8)[p.q] if p.codebook is not None else p.q
+    rep = p.q.shape[1] // p.scales.shape[1]
+    out = v.astype(np.float32) * np.repeat(p.scales, rep, axis=1)
+    return out - np.repeat(p.mins, rep, axis=1) if p.mins is not None else out
+
+
 def _dequant(t: Any, name: str, shape: Tuple[int, ...]) -> np.ndarray:
-    """A small tensor (router, biases) as float32 of ``shape``; Q4_0 / Q8_0 decode exactly (q * d)."""
-    typ = _type(t)
-    if typ not in _NATIVE:
-        raise ValueError(f"unsupported GGUF type {typ} for tensor {name}")
+    """A small tensor (router, biases) as float32 of ``shape``, decoded exactly."""
     rows = int(np.prod(shape[:-1]))
-    p = _decode(t, np.asarray(t.data).reshape(rows, -1), rows, shape[-1])
-    v = p.q if p.kind == "float" else p.q.astype(np.float32) * np.repeat(p.scales, QK, axis=1)
-    return np.ascontiguousarray(v.reshape(shape), np.float32)
+    return np.ascontiguousarray(_values(_decode(t, np.asarray(t.data).reshape(rows, -1), rows, shape[-1])).reshape(shape))
 
 
 class _File:
@@ -88,23 +224,40 @@ class _File:
         return name in self.tensors
 
     def tensor(self, name: str, ne: Tuple[int, ...], what: str = "") -> Any:
-        """The tensor, after checking it exists and has GGUF shape ``ne`` (innermost first)."""
+        """The tensor, after checking it exists, has a type we read, whole blocks per row, GGUF
+        shape ``ne`` (innermost first) and the bytes its type and shape need."""
         t = self.tensors.get(name)
         if t is None:
             raise ValueError(f"missing tensor {name}{' (' + what + ')' if what else ''} in {self.path}")
+        typ = _type(t)
+        if typ not in _QUANT and typ not in _FLOAT:
+            raise ValueError(f"unsupported GGUF type {typ} for tensor {name}")
         got = tuple(int(x) for x in t.shape)
+        if typ in _QUANT and got and got[0] % _QUANT[typ][2]:
+            raise ValueError(f"tensor {name}: {typ} packs blocks of {_QUANT[typ][2]} along its rows, but its rows "
+                             f"have {got[0]} elements (a corrupted header or a mislabelled type)")
         if got != tuple(ne):
             raise ValueError(f"tensor {name}: GGUF shape (ne, innermost first) {list(got)} but {list(ne)} "
                              f"was expected, i.e. row-major {list(ne[::-1])}")
-        if _type(t) not in _NATIVE:
-            raise ValueError(f"unsupported GGUF type {_type(t)} for tensor {name}")
+        rows = int(np.prod(ne[1:], dtype=np.int64))
+        if typ in _QUANT:
+            want = rows * (ne[0] // _QUANT[typ][2]) * _QUANT[typ][3]
+        else:
+            want = rows * ne[0] * {"BF16": 2, "F16": 2, "F32": 4}[typ]
+        got_bytes = int(np.asarray(t.data).nbytes)
+        if got_bytes != want:
+            raise ValueError(f"tensor {name}: {got_bytes} bytes of data, but {typ} of shape {list(ne[::-1])} "
+                             f"needs {want} (truncated or corrupted file)")
         return t
 
     def source(self, name: str, N: int, K: int, E: Optional[int]) -> Source:
         """Source over the experts of ``name`` ([E, N, K]; E None: a 2-D shared-expert tensor)."""
         t = self.tensor(name, (K, N) if E is None else (K, N, E))
-        native, g = _NATIVE[_type(t)]
-        return Source(name, N, native, g, lambda e: _decode(t, t.data if E is None else t.data[e], N, K))
+        typ = _type(t)
+        if typ in _FLOAT:
+            return Source(name, N, "float", -1, lambda e: _decode(t, t.data if E is None else t.data[e], N, K))
+        native, g, _, _, _, cb, mins = _QUANT[typ]
+        return Source(name, N, native, g, lambda e: _decode(t, t.data if E is None else t.data[e], N, K), cb, mins)
 
     def vector(self, name: str, ne: Tuple[int, ...]) -> np.ndarray:
         return _dequant(self.tensor(name, ne), name, tuple(ne[::-1]))
@@ -147,9 +300,9 @@ def load_gguf_layer(path: Any, layer_idx: int, scheme: Optional[str] = None,
     else:
         w13_src = [f.source(p + "ffn_gate_exps.weight", I, H, E), f.source(up, I, H, E)]
     w2_src = [f.source(p + "ffn_down_exps.weight", H, I, E)]
-    sch = resolve_scheme(w13_src + w2_src, scheme, f"layer {layer_idx} routed experts")
-    w13 = build_experts(w13_src, E, H, sch, f"w13 ({w13_src[0].name}, ...)", group_size, block_size)
-    w2 = build_experts(w2_src, E, I, sch, f"w2 ({w2_src[0].name})", group_size, block_size)
+    s13, s2 = resolve_pair(w13_src, w2_src, scheme, f"layer {layer_idx} routed experts")
+    w13 = build_experts(w13_src, E, H, s13, f"w13 ({w13_src[0].name}, ...)", group_size, block_size)
+    w2 = build_experts(w2_src, E, I, s2, f"w2 ({w2_src[0].name})", group_size, block_size)
     gate = f.vector(p + "ffn_gate_inp.weight", (H, E))
 
     # optional vectors
@@ -170,10 +323,10 @@ def load_gguf_layer(path: Any, layer_idx: int, scheme: Optional[str] = None,
         conf.shared_intermediate_size = Is
         s13 = [f.source(p + "ffn_gate_shexp.weight", Is, H, None), f.source(p + "ffn_up_shexp.weight", Is, H, None)]
         s2 = [f.source(p + "ffn_down_shexp.weight", H, Is, None)]
-        ssch = resolve_scheme(s13 + s2, scheme, f"layer {layer_idx} shared expert")
-        shared = [build_experts(s13, 1, H, ssch, f"shared_w13 ({p}ffn_gate_shexp, ffn_up_shexp)",
+        sch13, sch2 = resolve_pair(s13, s2, scheme, f"layer {layer_idx} shared expert")
+        shared = [build_experts(s13, 1, H, sch13, f"shared_w13 ({p}ffn_gate_shexp, ffn_up_shexp)",
                                 group_size, block_size),
-                  build_experts(s2, 1, Is, ssch, f"shared_w2 ({p}ffn_down_shexp)", group_size, block_size)]
+                  build_experts(s2, 1, Is, sch2, f"shared_w2 ({p}ffn_down_shexp)", group_size, block_size)]
     elif conf.shared_intermediate_size:
         raise ValueError(f"missing tensor {p}ffn_gate_shexp.weight in {path}: "
                          f"{arch}.expert_shared_feed_forward_length declares a shared expert")
@@ -184,4 +337,5 @@ def load_gguf_layer(path: Any, layer_idx: int, scheme: Optional[str] = None,
                         e_score_correction_bias=opt(p + "exp_probs_b.bias", (E,)),
                         gate_bias=opt(p + "ffn_gate_inp.bias", (E,)),
                         shared_expert_gate=opt(p + "ffn_gate_inp_shexp.weight", (H,)),
-                        source=f"gguf {arch} {_type(f.tensors[w13_src[0].name])} -> {sch} ({path})")
+                        source=f"gguf {arch} {_type(f.tensors[w13_src[0].name])}/{_type(f.tensors[w2_src[0].name])} "
+                               f"-> {w13.form}/{w2.form} ({path})")

@@ -435,7 +435,7 @@ def ref_weights(exps, scheme):
 
 
 @pytest.mark.parametrize("types,scheme", [
-    (("Q4_0",) * 3, "int4_w4a8"), (("Q8_0",) * 3, "int8_w8a8"), (("Q4_0", "Q4_0", "Q8_0"), "int8_w8a8"),
+    (("Q4_0",) * 3, "int4_w4a8"), (("Q8_0",) * 3, "int8_w8a8"), (("Q4_0", "Q4_0", "Q8_0"), "int4_w4a8/int8_w8a8"),
     (("BF16",) * 3, "bf16"), (("F16",) * 3, "bf16"), (("F32",) * 3, "bf16")])
 def test_gguf_qwen3moe(tmp_path, rng, types, scheme):
     E, H = 4, 128
@@ -443,9 +443,10 @@ def test_gguf_qwen3moe(tmp_path, rng, types, scheme):
     tensors, keep = gguf_moe(rng, "qwen3moe", E, H, I, types)
     path = write_gguf(tmp_path / "m.gguf", "qwen3moe", gguf_meta("qwen3moe", E, H, I), tensors)
     lw = load_layer(path, L)
-    assert lw.scheme == scheme and lw.config.renormalize and lw.config.top_k == 2
-    w13r = ref_weights([keep["ffn_gate_exps.weight"], keep["ffn_up_exps.weight"]], scheme)
-    w2r = ref_weights([keep["ffn_down_exps.weight"]], scheme)
+    s13, s2 = (scheme.split("/") * 2)[:2]          # w13 and w2 keep their own int forms
+    assert (lw.w13.scheme, lw.w2.scheme) == (s13, s2) and lw.config.renormalize and lw.config.top_k == 2
+    w13r = ref_weights([keep["ffn_gate_exps.weight"], keep["ffn_up_exps.weight"]], s13)
+    w2r = ref_weights([keep["ffn_down_exps.weight"]], s2)
     if scheme == "bf16":
         assert_codes(lw.w13, weight=w13r.codes)
         assert_codes(lw.w2, weight=w2r.codes)
@@ -507,11 +508,11 @@ def _bad(tmp_path, label):
     rng = np.random.default_rng(0)
     E, H, I = 4, 64, 32
     if label.startswith("gguf"):
-        H = 256 if label == "gguf_q4_k" else H
+        H = 256 if label == "gguf_q2_k" else H
         tensors, _ = gguf_moe(rng, "qwen3moe", E, H, I, ("F16",) * 3)
         meta = gguf_meta("qwen3moe", E, H, I)
-        if label == "gguf_q4_k":        # 144-byte Q4_K super-blocks of 256 elements
-            tensors[f"blk.{L}.ffn_up_exps.weight"] = (np.zeros((E, I, 144), np.uint8), T.Q4_K)
+        if label == "gguf_q2_k":        # 84-byte Q2_K super-blocks of 256 elements (not supported)
+            tensors[f"blk.{L}.ffn_up_exps.weight"] = (np.zeros((E, I, 84), np.uint8), T.Q2_K)
         elif label == "gguf_missing_key":
             del meta["qwen3moe.expert_used_count"]
         elif label == "gguf_wrong_shape":
@@ -580,7 +581,7 @@ BAD = [  # label, substrings the ValueError message must contain
     ("st_no_config", ["config.json"]),
     ("st_requantize", ["already quantized", "scheme='bf16'"]),
     ("unknown_format", ["unknown checkpoint format"]),
-    ("gguf_q4_k", ["unsupported GGUF type Q4_K for tensor blk.1.ffn_up_exps.weight"]),
+    ("gguf_q2_k", ["unsupported GGUF type Q2_K for tensor blk.1.ffn_up_exps.weight"]),
     ("gguf_missing_key", ["'qwen3moe.expert_used_count'", "missing"]),
     ("gguf_wrong_shape", ["blk.1.ffn_down_exps.weight", "shape"]),
     ("gguf_missing_tensor", ["missing tensor blk.1.ffn_gate_exps.weight"]),

@@ -1,0 +1,222 @@
+"""GGUF quantized types as llama.cpp users hold them (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL,
+IQ4_XS, MXFP4, beside Q4_0 / Q8_0): random valid blocks written with gguf.GGUFWriter load losslessly
+(unpack() equals gguf.quants.dequantize bit for bit) and fused_experts matches the reference on
+them; mixed types in one layer, shared experts; bad files raise a clear ValueError in a subprocess."""
+import struct
+import subprocess
+import sys
+import textwrap
+
+import gguf
+import numpy as np
+import pytest
+
+import moe_cpu
+from conftest import TOL, assert_close, make_input, make_routing, ref
+from moe_cpu.loaders import load_layer
+from test_loaders import L, gguf_meta, write_gguf
+
+T = gguf.GGMLQuantizationType
+# type -> (elements per block, bytes per block, [(offset, kind)] of its scale fields, |value| size)
+# kind "d": an fp16 scale, "m": an fp16 offset, "e": MXFP4's e8m0 exponent byte.
+LAYOUT = {
+    "Q4_0": (32, 18, [(0, "d")], 4), "Q4_1": (32, 20, [(0, "d"), (2, "m")], 8),
+    "Q5_0": (32, 22, [(0, "d")], 8), "Q5_1": (32, 24, [(0, "d"), (2, "m")], 16),
+    "Q8_0": (32, 34, [(0, "d")], 64), "Q4_K": (256, 144, [(0, "d"), (2, "m")], 250),
+    "Q5_K": (256, 176, [(0, "d"), (2, "m")], 500), "Q6_K": (256, 210, [(208, "d")], 1000),
+    "IQ4_NL": (32, 18, [(0, "d")], 60), "IQ4_XS": (256, 136, [(0, "d")], 1000), "MXFP4": (32, 17, [(0, "e")], 5),
+}
+TYPES = sorted(LAYOUT)
+
+
+def raw_blocks(rng, typ, shape, full_range=False):
+    """Random bytes as blocks of ``typ`` for a tensor of ``shape`` (K last), its fp16 fields set to
+    finite values: about unit outputs, or (full_range) any finite fp16 and any e8m0 byte."""
+    blk, size, fields, mag = LAYOUT[typ]
+    lead, K = shape[:-1], shape[-1]
+    b = rng.integers(0, 256, (*lead, K // blk, size), dtype=np.uint8)
+    for off, kind in fields:
+        if kind == "e":
+            e = rng.integers(0, 256, b.shape[:-1]) if full_range else 127 - int(np.log2(np.sqrt(K))) + rng.integers(-2, 1, b.shape[:-1])
+            b[..., off] = e.astype(np.uint8)
+            continue
+        if full_range:   # every finite fp16 bit pattern (subnormals, negatives, the largest)
+            bits = rng.integers(0, 1 << 16, b.shape[:-1]).astype(np.uint16)
+            bits[(bits & 0x7C00) == 0x7C00] &= 0xBFFF
+            v = bits.view(np.float16)
+        else:
+            sign = np.where(rng.random(b.shape[:-1]) < 0.5, -1.0, 1.0)
+            v = (sign * rng.uniform(0.5, 1.5, b.shape[:-1]) / (mag * np.sqrt(K))).astype(np.float16)
+        b[..., off:off + 2] = v[..., None].view(np.uint8)
+    return b.reshape(*lead, -1)
+
+
+def dequant(raw, typ, shape):
+    return gguf.quants.dequantize(raw, T[typ]).reshape(shape)
+
+
+def moe_file(tmp_path, rng, types, E=4, H=256, I=256, shexp=None):
+    """A 3-layer qwen3moe GGUF: layer L's gate/up/down (and shared gate/up/down) in ``types``."""
+    tensors, keep = {}, {}
+    for layer in range(3):
+        p = f"blk.{layer}."
+        tensors[p + "ffn_gate_inp.weight"] = (rng.standard_normal((E, H)).astype(np.float32), None)
+        specs = [("ffn_gate_exps.weight", types[0], (E, I, H)), ("ffn_up_exps.weight", types[1], (E, I, H)),
+                 ("ffn_down_exps.weight", types[2], (E, H, I))]
+        if shexp:
+            specs += [("ffn_gate_shexp.weight", types[0], (shexp, H)), ("ffn_up_shexp.weight", types[1], (shexp, H)),
+                      ("ffn_down_shexp.weight", types[2], (H, shexp))]
+        for name, typ, shape in specs:
+            raw = raw_blocks(rng, typ, shape)
+            tensors[p + name] = (raw, T[typ])
+            if layer == L:
+                keep[name] = dequant(raw, typ, shape)
+    return write_gguf(tmp_path / "m.gguf", "qwen3moe", gguf_meta("qwen3moe", E, H, I), tensors), keep
+
+
+def ref_of(p):
+    """RefWeights from a PackedExperts' stored codes (their decoding is checked bit for bit first)."""
+    d = p.unpack_quantized()
+    if p.scheme == "int4_w4a8":
+        return ref.RefWeights.int4(d["qweight"], d["scales"], p.group_size, d["zeros"], d["codebook"], d["mins"])
+    return ref.RefWeights.int8(d["qweight"], d["scales"], p.group_size, d["mins"])
+
+
+def check_layer(rng, lw, keep, M, k=2):
+    """Bit-exact weights, then fused_experts against (1) the quantized-path reference on the same
+    codes, (2) float64 on gguf's dequantized weights (activation quantization error only)."""
+    w13 = np.concatenate([keep["ffn_gate_exps.weight"], keep["ffn_up_exps.weight"]], axis=1)
+    np.testing.assert_array_equal(lw.w13.unpack(), w13)
+    np.testing.assert_array_equal(lw.w2.unpack(), keep["ffn_down_exps.weight"])
+    E, H = lw.w13.num_experts, lw.w13.in_features
+    x = make_input(rng, M, H)
+    tw, ids = make_routing(rng, M, E, k)
+    got = moe_cpu.fused_experts(x, lw.w13, lw.w2, tw, ids)
+    assert_close(got, ref.fused_experts_ref(x, ref_of(lw.w13), ref_of(lw.w2), tw, ids), "int4_w4a8", "vs reference.py")
+    if M:
+        want = ref.fused_experts_float64(x, w13, keep["ffn_down_exps.weight"], tw, ids)
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err < TOL["int4_w4a8"] * 2, f"vs float64 on gguf's dequantized weights: {err:.3g}"
+
+
+@pytest.mark.parametrize("typ", TYPES)
+def test_unpack_equals_gguf_dequantize_bit_for_bit(tmp_path, rng, typ):
+    """Every finite fp16 scale pattern (and every e8m0 byte) through our decoding and unpack()."""
+    E, H, I = 2, 256, 512
+    tensors = {}
+    for layer in range(3):
+        tensors[f"blk.{layer}.ffn_gate_inp.weight"] = (np.zeros((E, H), np.float32), None)
+        for name, shape in (("gate", (E, I, H)), ("up", (E, I, H)), ("down", (E, H, I))):
+            tensors[f"blk.{layer}.ffn_{name}_exps.weight"] = (raw_blocks(rng, typ, shape, full_range=True), T[typ])
+    lw = load_layer(write_gguf(tmp_path / "f.gguf", "qwen3moe", gguf_meta("qwen3moe", E, H, I), tensors), L)
+    for packed, names in ((lw.w13, ("gate", "up")), (lw.w2, ("down",))):
+        with np.errstate(over="ignore"):   # MXFP4 e = 255 (2^127) times 12 is inf, in both
+            want = np.concatenate([gguf.quants.dequantize(tensors[f"blk.{L}.ffn_{n}_exps.weight"][0], T[typ])
+                                   for n in names], axis=1)
+        got = packed.unpack()
+        same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+        assert same.all(), f"{typ}: {np.count_nonzero(~same)} values differ, first at {np.argwhere(~same)[0]}"
+
+
+FORM = {"Q4_0": "int4", "Q4_1": "int4+codebook+mins", "Q5_0": "int8", "Q5_1": "int8+mins", "Q8_0": "int8",
+        "Q4_K": "int4+codebook+mins", "Q5_K": "int8+mins", "Q6_K": "int8", "IQ4_NL": "int4+codebook",
+        "IQ4_XS": "int4+codebook", "MXFP4": "int4+codebook"}
+
+
+@pytest.mark.parametrize("M", [0, 1, 3, 257])
+@pytest.mark.parametrize("typ", TYPES)
+def test_layer_of_one_type(tmp_path, rng, typ, M):
+    path, keep = moe_file(tmp_path, rng, (typ,) * 3)
+    lw = load_layer(path, L)
+    assert lw.w13.form == lw.w2.form == FORM[typ]
+    assert lw.w2.group_size == (16 if typ == "Q6_K" else 32)
+    check_layer(rng, lw, keep, M)
+
+
+@pytest.mark.parametrize("types,forms", [
+    (("Q4_K", "Q4_K", "Q6_K"), ("int4+codebook+mins", "int8")),        # Q4_K_M's usual layer
+    (("Q4_K", "Q4_K", "Q5_K"), ("int4+codebook+mins", "int8+mins")),
+    (("Q4_K", "Q6_K", "IQ4_XS"), ("int8+mins", "int4+codebook")),      # gate and up differ: w13 widens to int8 g16
+    (("IQ4_XS", "IQ4_NL", "MXFP4"), ("int4+codebook", "int4+codebook")),
+    (("MXFP4", "IQ4_NL", "Q8_0"), ("int8", "int8")),                   # two codebooks: int8 values
+])
+def test_mixed_types_in_one_layer(tmp_path, rng, types, forms):
+    path, keep = moe_file(tmp_path, rng, types)
+    lw = load_layer(path, L)
+    assert (lw.w13.form, lw.w2.form) == forms
+    check_layer(rng, lw, keep, 33)
+    layer = moe_cpu.MoELayer.from_pretrained(path, L)
+    assert lw.w13.form in repr(layer) or "int8" in repr(layer)
+
+
+@pytest.mark.parametrize("E,k,H,I", [(1, 1, 96, 160), (3, 3, 64, 96)])
+def test_one_expert_k_equal_e_and_odd_shapes(tmp_path, rng, E, k, H, I):
+    path, keep = moe_file(tmp_path, rng, ("IQ4_NL", "IQ4_NL", "Q5_1"), E=E, H=H, I=I)
+    check_layer(rng, load_layer(path, L), keep, 7, k=k)
+
+
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("MXFP4", "MXFP4", "MXFP4")])
+def test_shared_expert_types(tmp_path, rng, types):
+    Is = 256
+    path, keep = moe_file(tmp_path, rng, types, shexp=Is)
+    lw = load_layer(path, L)
+    np.testing.assert_array_equal(lw.shared_w13.unpack()[0], np.concatenate(
+        [keep["ffn_gate_shexp.weight"], keep["ffn_up_shexp.weight"]]))
+    np.testing.assert_array_equal(lw.shared_w2.unpack()[0], keep["ffn_down_shexp.weight"])
+    x = make_input(rng, 5, 256)
+    f = np.zeros_like(x)
+    got = moe_cpu.shared_expert(x, lw.shared_w13, lw.shared_w2, f)
+    want = ref.shared_expert_ref(x, ref_of(lw.shared_w13), ref_of(lw.shared_w2), f)
+    assert_close(got, want, "int4_w4a8", "shared expert")
+
+
+def _bad_file(tmp_path, label):
+    rng = np.random.default_rng(1)
+    typ = "Q4_K"
+    path, _ = moe_file(tmp_path, rng, (typ,) * 3, E=2)
+    data = bytearray(path.read_bytes())
+    r = gguf.GGUFReader(str(path))
+    t = next(t for t in r.tensors if t.name == f"blk.{L}.ffn_down_exps.weight")
+    off = int(t.data_offset)
+    if label == "truncated_block":        # the file ends inside the last tensor's last block
+        last = max(r.tensors, key=lambda t: t.data_offset)
+        data = data[:int(last.data_offset) + int(last.n_bytes) - 7]
+    elif label == "nan_d":
+        data[off + 144 * 3:off + 144 * 3 + 2] = np.array([np.nan], np.float16).view(np.uint8).tobytes()
+    elif label == "inf_dmin":
+        data[off + 2:off + 4] = np.array([-np.inf], np.float16).view(np.uint8).tobytes()
+    elif label == "row_not_whole_blocks":   # the header says rows of 250 elements: not whole 256-blocks
+        name = t.name.encode()
+        at = data.find(struct.pack("<Q", len(name)) + name) + 8 + len(name)   # tensor info: name, n_dims, ne[]
+        assert struct.unpack_from("<I", data, at)[0] == 3
+        struct.pack_into("<Q", data, at + 4, 250)
+    path.write_bytes(bytes(data))
+    return path
+
+
+BAD = [("truncated_block", ["m.gguf"]),
+       ("row_not_whole_blocks", ["m.gguf", "Q4_K", "256", "250"]),   # gguf-py's reader refuses the header
+       ("nan_d", ["blk.1.ffn_down_exps.weight", "non-finite d", "nan"]),
+       ("inf_dmin", ["blk.1.ffn_down_exps.weight", "non-finite dmin", "inf"])]
+
+
+@pytest.mark.parametrize("label,needles", BAD, ids=[b[0] for b in BAD])
+def test_bad_files_raise_value_error(tmp_path, label, needles):
+    path = _bad_file(tmp_path, label)
+    code = textwrap.dedent(f"""
+        from moe_cpu.loaders import load_layer
+        try:
+            load_layer({str(path)!r}, {L})
+        except Exception as e:
+            print("RAISED", type(e).__name__, str(e), sep="\\t")
+        else:
+            print("NO-ERROR")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, f"{label}: crashed with code {proc.returncode}\n{proc.stderr[-2000:]}"
+    out = proc.stdout.strip().splitlines()[-1]
+    assert out.startswith("RAISED"), f"{label}: no exception raised"
+    _, name, message = out.split("\t", 2)
+    assert name == "ValueError", f"{label}: raised {name}: {message}"
+    for needle in needles:
+        assert needle in message, f"{label}: message {message!r} lacks {needle!r}"

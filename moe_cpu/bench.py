@@ -34,12 +34,41 @@ SHAPES = {  # name: (H, I, E, k, E used here, note)
     "gpt-oss-20b": (2880, 2880, 32, 4, 32, "swigluoai, biases"),
 }
 MS = (1, 4, 16, 64, 256, 1024)
+# Checkpoint weight forms (GGUF), benched like schemes: name -> (scheme, group, codebook, mins).
+# int4_g32 is the plain int4 kernel at the GGUF group size, the figure the int4 forms are held to.
+IQ4_NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+FORMS = {
+    "int4_g32": ("int4_w4a8", 32, None, False),
+    "q4_k": ("int4_w4a8", 32, tuple(range(16)), True),
+    "iq4_xs": ("int4_w4a8", 32, IQ4_NL, False),
+    "mxfp4": ("int4_w4a8", 32, (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12), False),
+    "q6_k": ("int8_w8a8", 16, None, False),
+    "q5_k": ("int8_w8a8", 32, None, True),
+}
+GGUF_ROWS = ["int4_g32", "q4_k", "iq4_xs", "mxfp4", "int8_w8a8", "q6_k", "q5_k"]
+
+
+def scheme_of(name: str) -> str:
+    """The scheme of a bench row name (a scheme or a FORMS entry)."""
+    return FORMS[name][0] if name in FORMS else name
 
 
 def random_codes(rng, scheme, E, N, K):
     """Random codes and scales for `scheme`, as a function that packs them (values do not matter for
     speed; no float32 copy). Timing that function times the packing alone."""
     shape = (E, N, K)
+    if scheme in FORMS:
+        sch, g, cb, with_mins = FORMS[scheme]
+        s = rng.random((E, N, K // g), dtype=np.float32) * 0.01
+        m = s * 4 if with_mins else None
+        if sch == "int8_w8a8":
+            q8 = rng.integers(-32, 32, shape, dtype=np.int8)
+            return lambda: moe_cpu.pack_int8(q8, s, g, mins=m)
+        if cb is None:
+            q4 = rng.integers(-8, 8, shape, dtype=np.int8)
+            return lambda: moe_cpu.pack_int4(q4, s, g)
+        u4 = rng.integers(0, 16, shape, dtype=np.uint8)
+        return lambda: moe_cpu.pack_int4(u4, s, g, codebook=cb, mins=m)
     if scheme == "int4_w4a8":
         g = 128 if K % 128 == 0 else 32
         q, s = rng.integers(-8, 8, shape, dtype=np.int8), rng.random((E, N, K // g), dtype=np.float32) * 0.01
@@ -142,7 +171,7 @@ def run(args):
     peaks = Peaks(threads)
     kernels = moe_cpu.cpu_features()["kernels"]
     for scheme in args.schemes:
-        peaks.of(kernels[scheme])
+        peaks.of(kernels[scheme_of(scheme)])
     limits = {"threads": threads, "tier": tier(), "read_gbs": buf.read_gbs(threads, 3), "peaks_tops": peaks.tops}
     named = ", ".join(f"{peaks.what[n]} {t:.2f} TOPS" for n, t in peaks.tops.items())
     print(f"machine: {threads} threads, tier {limits['tier']}, read {limits['read_gbs']:.1f} GB/s, "
@@ -362,7 +391,9 @@ def main(argv=None) -> int:
     """Run the benchmark (``moe-cpu bench``); returns the exit status."""
     p = argparse.ArgumentParser(prog="moe-cpu bench", description=__doc__.splitlines()[0])
     p.add_argument("--shapes", type=_csv(list(SHAPES), "--shapes"), default=list(SHAPES))
-    p.add_argument("--schemes", type=_csv(list(moe_cpu.SCHEMES), "--schemes"), default=list(moe_cpu.SCHEMES))
+    p.add_argument("--schemes", type=_csv(list(moe_cpu.SCHEMES) + list(FORMS), "--schemes"), default=list(moe_cpu.SCHEMES),
+                   help="schemes, and checkpoint forms: " + ", ".join(FORMS))
+    p.add_argument("--gguf", action="store_true", help="the GGUF form rows: " + ",".join(GGUF_ROWS))
     p.add_argument("--m", type=_m_list, default=list(MS), help="token counts, e.g. 1,16,256")
     p.add_argument("--experts", type=int, default=0, help="use this many experts for every shape (0: the table's)")
     p.add_argument("--quick", action="store_true", help="Qwen3 shape, M = 1, 16, 256")
@@ -373,6 +404,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.quick:
         a.shapes, a.m = ["qwen3-30b-a3b"], [1, 16, 256]
+    if a.gguf:
+        a.schemes = GGUF_ROWS
     a.ms = tuple(a.m)
     try:
         limits, rows = run(a)

@@ -220,3 +220,25 @@ def test_bad_files_raise_value_error(tmp_path, label, needles):
     assert name == "ValueError", f"{label}: raised {name}: {message}"
     for needle in needles:
         assert needle in message, f"{label}: message {message!r} lacks {needle!r}"
+
+
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("IQ4_XS", "IQ4_XS", "IQ4_XS"), ("MXFP4",) * 3])
+def test_cli_convert_then_run(tmp_path, rng, types):
+    """`moe-cpu convert` packs the file's forms into version 2 files that load back unchanged, and
+    `moe-cpu run` runs both the GGUF file and the converted layer."""
+    path, keep = moe_file(tmp_path, rng, types)
+    out = tmp_path / "converted"
+    cli = lambda *a: subprocess.run([sys.executable, "-m", "moe_cpu", *map(str, a)], capture_output=True,  # noqa: E731
+                                    text=True, cwd=tmp_path, timeout=300)
+    conv = cli("convert", "--checkpoint", path, "--out", out, "--layers", L)
+    assert conv.returncode == 0, conv.stderr
+    layer = moe_cpu.MoELayer.load(out / f"layer_{L:03d}")
+    direct = load_layer(path, L)
+    assert (layer.w13.form, layer.w2.form) == (direct.w13.form, direct.w2.form)
+    np.testing.assert_array_equal(layer.w2.unpack(), keep["ffn_down_exps.weight"])
+    for source in (path, out / f"layer_{L:03d}"):
+        run = cli("run", "--checkpoint", source, "--layer", L, "--tokens", 8, "--min-time", 0.05)
+        assert run.returncode == 0, run.stderr
+        line = [s for s in run.stdout.splitlines() if "relative L2 error" in s][0]
+        err = float(line.split("float64 ")[1].split(",")[0])
+        assert 0 < err < 0.05, line          # W4A8 / W8A8 against the dequantized float64 layer

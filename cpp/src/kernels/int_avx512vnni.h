@@ -92,6 +92,9 @@ struct IntVnni {
               _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbusd_bcast(acc[r][j], wv[j], arow[r] + t * 4);
           }
         }
+        __m512 asf[MR];  // group code sums as fp32 broadcasts, for the mins term
+        if (w.has_mins)
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) asf[r] = _mm512_set1_ps(float(a.asum[a.row_idx[r0 + r] * G + gi]));
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
           const int64_t si = sx(j, gi);
           const __m512 sv = _mm512_load_ps(scales + si);
@@ -106,8 +109,7 @@ struct IntVnni {
             accf[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), sv, accf[r][j]);
           if (w.has_mins) {
             const __m512 mv = _mm512_load_ps(w.mins.as<float>() + si);
-            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
-              accf[r][j] = _mm512_fnmadd_ps(mv, _mm512_set1_ps(float(a.asum[a.row_idx[r0 + r] * G + gi])), accf[r][j]);
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) accf[r][j] = _mm512_fnmadd_ps(mv, asf[r], accf[r][j]);
           }
         }
       }

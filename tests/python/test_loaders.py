@@ -589,9 +589,8 @@ BAD = [  # label, substrings the ValueError message must contain
 ]
 
 
-@pytest.mark.parametrize("label,needles", BAD, ids=[b[0] for b in BAD])
-def test_bad_checkpoint_raises_clear_error(tmp_path, label, needles):
-    path, scheme = _bad(tmp_path, label)
+def assert_load_raises(tmp_path, path, scheme, label, needles):
+    """load_layer(path, L, scheme) in a subprocess must raise ValueError with every needle in its message."""
     code = textwrap.dedent(f"""
         from moe_cpu.loaders import load_layer
         try:
@@ -609,6 +608,12 @@ def test_bad_checkpoint_raises_clear_error(tmp_path, label, needles):
     assert name == "ValueError", f"{label}: raised {name}: {message}"
     for needle in needles:
         assert needle in message, f"{label}: message {message!r} lacks {needle!r}"
+
+
+@pytest.mark.parametrize("label,needles", BAD, ids=[b[0] for b in BAD])
+def test_bad_checkpoint_raises_clear_error(tmp_path, label, needles):
+    path, scheme = _bad(tmp_path, label)
+    assert_load_raises(tmp_path, path, scheme, label, needles)
 
 
 def test_bad_arguments():

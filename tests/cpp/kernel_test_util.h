@@ -44,4 +44,12 @@ inline const KernelDesc* runnable(const KernelDesc* kd) {
   return kd;
 }
 
+// Every registered int kernel (int4 and int8), best first.
+inline std::vector<const KernelDesc*> int_kernels() {
+  std::vector<const KernelDesc*> out;
+  for (const KernelDesc* k : all_kernels())
+    if (is_int_scheme(k->scheme)) out.push_back(k);
+  return out;
+}
+
 }  // namespace moe_cpu::test

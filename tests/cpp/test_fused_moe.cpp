@@ -17,6 +17,7 @@ namespace moe_cpu {
 namespace {
 using test::Acts;
 using test::runnable;
+using test::int_kernels;
 
 constexpr double kTolInt = 1e-5;    // int GEMMs: exact integer sums, fp32 group sums
 constexpr double kTolFloat = 1e-5;  // bf16 / fp8 GEMMs: fp32 sums of exact products
@@ -230,12 +231,6 @@ TEST_P(IntExtremesTest, LargestSumsAreExact) {
   }
 }
 
-std::vector<const KernelDesc*> int_kernels() {
-  std::vector<const KernelDesc*> out;
-  for (const KernelDesc* k : all_kernels())
-    if (is_int_scheme(k->scheme)) out.push_back(k);
-  return out;
-}
 INSTANTIATE_TEST_SUITE_P(IntKernels, IntExtremesTest, ::testing::ValuesIn(int_kernels()),
                          [](const auto& info) { return std::string(info.param->name); });
 

@@ -12,6 +12,7 @@
 
 namespace moe_cpu {
 namespace {
+using test::int_kernels;
 
 constexpr int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 constexpr int8_t kMxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
@@ -114,12 +115,6 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
   EXPECT_GE(ran, 4) << kd->name << " supports too few of the cases";
 }
 
-std::vector<const KernelDesc*> int_kernels() {
-  std::vector<const KernelDesc*> out;
-  for (const KernelDesc* k : all_kernels())
-    if (is_int_scheme(k->scheme)) out.push_back(k);
-  return out;
-}
 INSTANTIATE_TEST_SUITE_P(IntKernels, WeightFormTest, ::testing::ValuesIn(int_kernels()),
                          [](const auto& info) { return std::string(info.param->name); });
 

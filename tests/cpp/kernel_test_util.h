@@ -19,6 +19,7 @@ struct Acts {
   std::vector<int32_t> asum, idx;
   std::vector<uint16_t> b;
   std::vector<float> f;  // b as fp32 (kernels with f32_acts)
+  mutable std::vector<float> asum_f32;  // asum as fp32, filled by view() for weights with mins
   void widen() {
     f.resize(b.size());
     for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_float(b[i]);
@@ -27,7 +28,11 @@ struct Acts {
     ActRows a;
     a.rows = R, a.Kp = p.padded_k(), a.row_idx = idx.data(), a.G = p.num_groups();
     if (!q.empty()) a.q = q.data(), a.scale = s.data(), a.asum = asum.data();
-    else a.bf16 = b.data(), a.f32 = f.data();
+    if (!q.empty() && p.has_mins) {
+      asum_f32.assign(asum.begin(), asum.end());
+      a.asum_f32 = asum_f32.data();
+    }
+    if (q.empty()) a.bf16 = b.data(), a.f32 = f.data();
     return a;
   }
 };

@@ -16,6 +16,7 @@ struct ActRows {
   const int8_t* q = nullptr;       // int schemes: codes [*, Kp]
   const float* scale = nullptr;    //   one scale per buffer row
   const int32_t* asum = nullptr;   //   sum of the codes of each weight group: [*, G]
+  const float* asum_f32 = nullptr; //   the same as fp32, for weights with mins (else nullptr)
   int64_t G = 0;
   const uint16_t* bf16 = nullptr;  // bf16 / fp8 schemes: bf16 bits [*, Kp]
   const float* f32 = nullptr;      //   or, for kernels with KernelDesc::f32_acts, those values as fp32

@@ -37,7 +37,16 @@ inline void dpbusd_bcast(__m512i& acc, __m512i u8, const int8_t* p) {
   asm("vpdpbusd %[m]%{1to16%}, %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u8), [m] "m"(*reinterpret_cast<const int32_t*>(p)));
 }
 
-template <bool kInt4, bool kShuffle = false>
+// acc -= m * (*p broadcast): the mins term, with the code sum read by the FMA's own broadcast.
+inline void fnmadd_bcast(__m512& acc, __m512 m, const float* p) {
+  asm("vfnmadd231ps %[p]%{1to16%}, %[m], %[acc]" : [acc] "+v"(acc) : [m] "v"(m), [p] "m"(*p));
+}
+
+// How the weights' offset enters: an implicit zero point (code_zero, or 128 for int8) folded into
+// the group's starting sum; stored zero points per (column, group); or float mins (with the implicit zero).
+enum class Offset { kImplicit, kZeros, kMins };
+
+template <bool kInt4, bool kShuffle = false, Offset kOff = Offset::kImplicit>
 struct IntVnni {
   template <int MR, int NJ>
   struct Micro {
@@ -49,6 +58,9 @@ struct IntVnni {
       _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
       const int8_t* arow[MR];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) arow[r] = a.q + a.row_idx[r0 + r] * Kp;
+      const float* asrow[MR];  // fp32 group code sums, for the mins term
+      if constexpr (kOff == Offset::kMins)
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) asrow[r] = a.asum_f32 + a.row_idx[r0 + r] * G;
       const __m512i low4 = _mm512_set1_epi8(0x0f);
       // code_table in every 128-bit lane (vpshufb looks up within lanes)
       const __m512i table = _mm512_maskz_broadcast_i32x4(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.code_table)));
@@ -65,7 +77,7 @@ struct IntVnni {
         const int zc = kInt4 ? w.code_zero : layout::implicit_zero(w.scheme);
         __m512i acc[MR][NJ];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-          const __m512i start = w.has_zeros ? _mm512_setzero_si512() : _mm512_set1_epi32(-zc * a.asum[a.row_idx[r0 + r] * G + gi]);
+          const __m512i start = kOff == Offset::kZeros ? _mm512_setzero_si512() : _mm512_set1_epi32(-zc * a.asum[a.row_idx[r0 + r] * G + gi]);
           _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = start;
         }
         for (int64_t t = s0; t < s1; ++t) {
@@ -92,13 +104,10 @@ struct IntVnni {
               _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbusd_bcast(acc[r][j], wv[j], arow[r] + t * 4);
           }
         }
-        __m512 asf[MR];  // group code sums as fp32 broadcasts, for the mins term
-        if (w.has_mins)
-          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) asf[r] = _mm512_set1_ps(float(a.asum[a.row_idx[r0 + r] * G + gi]));
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
           const int64_t si = sx(j, gi);
           const __m512 sv = _mm512_load_ps(scales + si);
-          if (w.has_zeros) {
+          if constexpr (kOff == Offset::kZeros) {
             const __m512i zv = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(w.zeros.data() + si)));
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
               const __m512i corr = _mm512_mullo_epi32(zv, _mm512_set1_epi32(a.asum[a.row_idx[r0 + r] * G + gi]));
@@ -107,9 +116,9 @@ struct IntVnni {
           }
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
             accf[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), sv, accf[r][j]);
-          if (w.has_mins) {
+          if constexpr (kOff == Offset::kMins) {
             const __m512 mv = _mm512_load_ps(w.mins.as<float>() + si);
-            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) accf[r][j] = _mm512_fnmadd_ps(mv, asf[r], accf[r][j]);
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) fnmadd_bcast(accf[r][j], mv, asrow[r] + gi);
           }
         }
       }
@@ -123,12 +132,28 @@ struct IntVnni {
   };
 };
 
+// The GEMM with the weights' offset form (and, for int4, the codebook shuffle) fixed at compile time.
+template <bool kInt4, bool kShuffle, int MR, int NJ, int ND>
+void int_vnni_gemm_offset(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                          int64_t ldc) {
+  if (w.has_zeros) drive<IntVnni<kInt4, kShuffle, Offset::kZeros>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else if (w.has_mins) drive<IntVnni<kInt4, kShuffle, Offset::kMins>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else drive<IntVnni<kInt4, kShuffle>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+}
+
 // The int4 GEMM: codes mapped through code_table when it is not the identity.
 template <int MR, int NJ, int ND>
 void int4_vnni_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                     int64_t ldc) {
-  if (w.code_shuffle) drive<IntVnni<true, true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
-  else drive<IntVnni<true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  if (w.code_shuffle) int_vnni_gemm_offset<true, true, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else int_vnni_gemm_offset<true, false, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+}
+
+// The int8 GEMM.
+template <int MR, int NJ, int ND>
+void int8_vnni_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                    int64_t ldc) {
+  int_vnni_gemm_offset<false, false, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
 }
 
 }  // namespace moe_cpu::kernels

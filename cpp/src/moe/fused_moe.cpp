@@ -36,20 +36,23 @@ struct ActBuffer {
   std::vector<int8_t> q;
   std::vector<float> s;
   std::vector<int32_t> asum;
+  std::vector<float> asum_f32;  // for weights with mins
   std::vector<uint16_t> b;
   std::vector<float> f;
   int64_t K = 0, Kp = 0, gl = 0, G = 0;
-  bool int_scheme = false, f32 = false;
+  bool int_scheme = false, f32 = false, mins = false;
 
   // Sizes the buffers for `rows` rows (kept allocated across calls; set_row writes every byte).
   void reset(const PackedExperts& w, int64_t rows) {
     K = w.in_features, Kp = w.padded_k(), gl = w.group_len(), G = w.num_groups();
     int_scheme = is_int_scheme(w.scheme);
     f32 = !int_scheme && w.kernel->f32_acts;
+    mins = int_scheme && w.has_mins;
     if (int_scheme) {
       q.resize(static_cast<size_t>(rows * Kp));
       s.resize(static_cast<size_t>(rows));
       asum.resize(static_cast<size_t>(rows * G));
+      if (mins) asum_f32.resize(static_cast<size_t>(rows * G));
     } else if (f32) {
       f.resize(static_cast<size_t>(rows * Kp));
     } else {
@@ -91,12 +94,13 @@ struct ActBuffer {
       int32_t sum = 0;
       for (int64_t k = gi * gl; k < std::min(K, (gi + 1) * gl); ++k) sum += qr[k];
       asum[size_t(row * G + gi)] = sum;
+      if (mins) asum_f32[size_t(row * G + gi)] = float(sum);
     }
   }
   ActRows view(const int32_t* row_idx, int64_t rows) const {
     ActRows a;
     a.rows = rows, a.Kp = Kp, a.row_idx = row_idx, a.G = G;
-    if (int_scheme) a.q = q.data(), a.scale = s.data(), a.asum = asum.data();
+    if (int_scheme) a.q = q.data(), a.scale = s.data(), a.asum = asum.data(), a.asum_f32 = mins ? asum_f32.data() : nullptr;
     else if (f32) a.f32 = f.data();
     else a.bf16 = b.data();
     return a;

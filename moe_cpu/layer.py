@@ -5,7 +5,8 @@ The layer owns its weights and routing configuration and chains the moe_cpu call
     logits  = x @ gate.T                          (float32; bf16 inputs are widened first)
     w, ids  = select_experts(logits, top_k, ...)  (weights include routed_scaling_factor)
     out     = fused_experts(x, w13, w2, w, ids, activation, biases)
-    out    += SiLU-FFN_shared(x)                  (only with a shared expert)
+    out    += SiLU-FFN_shared(x)                  (only with a shared expert; Qwen2-MoE multiplies
+                                                   it by sigmoid(x @ shared_expert_gate) per token)
 
 ``MoELayer.from_float`` quantizes float32 weights; ``layer.reference(x)`` evaluates the same layer in
 float64 NumPy for accuracy checks.
@@ -71,6 +72,14 @@ def _widen(x: np.ndarray) -> np.ndarray:
     return (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def _narrow(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """float32 -> bf16 of `dtype` (ml_dtypes.bfloat16 or uint16 bits), rounded to nearest even."""
+    u = y.view(np.uint32)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    bits[np.isnan(y)] = 0x7FC0
+    return bits if dtype == np.uint16 else bits.view(dtype)
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
@@ -87,6 +96,8 @@ class MoELayer:
         w13_bias, w2_bias: optional float32 ``[E, 2I]`` / ``[E, H]`` expert biases.
         shared_w13, shared_w2: optional shared expert, PackedExperts ``[1, 2Is, H]`` / ``[1, H, Is]``
             (both or neither; any scheme, the same for both). It always uses SiLU (``shared_expert``).
+        shared_expert_gate: optional float32 ``[H]`` (Qwen2-MoE): the shared expert's output is
+            multiplied per token by ``sigmoid(x @ shared_expert_gate)`` (needs a shared expert).
         renormalize, scoring_func, use_grouped_topk, num_expert_group, topk_group,
         e_score_correction_bias (float32 ``[E]``), routed_scaling_factor: routing, as in
             ``moe_cpu.select_experts``.
@@ -104,7 +115,8 @@ class MoELayer:
                  renormalize: bool = False, scoring_func: str = "softmax", use_grouped_topk: bool = False,
                  num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
                  e_score_correction_bias: Optional[np.ndarray] = None, routed_scaling_factor: float = 1.0,
-                 activation: str = "silu", gate_bias: Optional[np.ndarray] = None) -> None:
+                 activation: str = "silu", gate_bias: Optional[np.ndarray] = None,
+                 shared_expert_gate: Optional[np.ndarray] = None) -> None:
         self.w13, self.w2 = _packed(w13, "w13"), _packed(w2, "w2")
         if not _pair_ok(w13, w2):
             raise ValueError(f"w13 is packed as {w13.scheme} but w2 as {w2.scheme}; both must use the same scheme, "
@@ -137,6 +149,9 @@ class MoELayer:
             if s13.out_features % 2 or s13.in_features != H or (s2.out_features, s2.in_features) != (H, Is):
                 raise ValueError(f"shared_w13 [1, {s13.out_features}, {s13.in_features}] and shared_w2 "
                                  f"[1, {s2.out_features}, {s2.in_features}] must be [1, 2Is, H={H}] and [1, H={H}, Is]")
+        self.shared_expert_gate = _f32(shared_expert_gate, "shared_expert_gate", (H,))
+        if self.shared_expert_gate is not None and shared_w13 is None:
+            raise ValueError("shared_expert_gate is given but the layer has no shared expert (shared_w13 / shared_w2)")
 
         # routing
         self.top_k = _int(top_k, "top_k")
@@ -186,7 +201,8 @@ class MoELayer:
                    num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
                    e_score_correction_bias: Optional[np.ndarray] = None,
                    routed_scaling_factor: float = 1.0, activation: str = "silu",
-                   gate_bias: Optional[np.ndarray] = None) -> "MoELayer":
+                   gate_bias: Optional[np.ndarray] = None,
+                   shared_expert_gate: Optional[np.ndarray] = None) -> "MoELayer":
         """Quantize float32 weights with ``moe_cpu.quantize_experts`` and build the layer.
 
         Args:
@@ -218,7 +234,8 @@ class MoELayer:
                    scoring_func=scoring_func, use_grouped_topk=use_grouped_topk,
                    num_expert_group=num_expert_group, topk_group=topk_group,
                    e_score_correction_bias=e_score_correction_bias,
-                   routed_scaling_factor=routed_scaling_factor, activation=activation, gate_bias=gate_bias)
+                   routed_scaling_factor=routed_scaling_factor, activation=activation, gate_bias=gate_bias,
+                   shared_expert_gate=shared_expert_gate)
 
     # ------------------------------------------------------------------ checkpoints and packed files
     @classmethod
@@ -228,7 +245,22 @@ class MoELayer:
         ``moe_cpu.loaders.load_layer`` (which documents formats, model families and ``scheme``)."""
         from .loaders import load_layer
 
-        return load_layer(path, layer_idx, scheme, **loader_kwargs).to_moe_layer()
+        return cls.from_weights(load_layer(path, layer_idx, scheme, **loader_kwargs))
+
+    @classmethod
+    def from_weights(cls, weights: "LayerWeights") -> "MoELayer":
+        """The layer of a loader's ``LayerWeights`` (``moe_cpu.loaders.load_layer``): its packed
+        weights, router, biases, shared expert (and Qwen2-MoE's shared-expert gate) and the routing of
+        its ``config``."""
+        from .loaders import LayerWeights
+
+        if not isinstance(weights, LayerWeights):
+            raise TypeError(f"weights must be a moe_cpu.loaders.LayerWeights, got {type(weights).__name__}")
+        w, c = weights, weights.config
+        return cls(w.gate, w.w13, w.w2, top_k=c.top_k, gate_bias=w.gate_bias, w13_bias=w.w13_bias,
+                   w2_bias=w.w2_bias, shared_w13=w.shared_w13, shared_w2=w.shared_w2,
+                   shared_expert_gate=w.shared_expert_gate, e_score_correction_bias=w.e_score_correction_bias,
+                   activation=c.activation, **c.routing_kwargs())
 
     def save(self, directory: "str | os.PathLike[str]") -> None:
         """Write the layer to a directory: packed weights (``*.moe``, mapped back without a copy by
@@ -237,14 +269,16 @@ class MoELayer:
         os.makedirs(d, exist_ok=True)
         packed = {"w13": self.w13, "w2": self.w2, "shared_w13": self.shared_w13, "shared_w2": self.shared_w2}
         arrays = {"gate": self.gate, "gate_bias": self.gate_bias, "w13_bias": self.w13_bias, "w2_bias": self.w2_bias,
-                  "e_score_correction_bias": self.e_score_correction_bias}
+                  "e_score_correction_bias": self.e_score_correction_bias,
+                  "shared_expert_gate": self.shared_expert_gate}
         for name, p in packed.items():
             if p is not None:
                 p.save(os.path.join(d, f"{name}.moe"))
         for name, a in arrays.items():
             if a is not None:
                 np.save(os.path.join(d, f"{name}.npy"), a)
-        meta = {"format": _LAYER_FORMAT, "version": 1, "activation": self.activation, "top_k": self.top_k,
+        # version 2 may hold shared_expert_gate, which a version-1 reader would drop silently
+        meta = {"format": _LAYER_FORMAT, "version": 2, "activation": self.activation, "top_k": self.top_k,
                 "packed": sorted(k for k, p in packed.items() if p is not None),
                 "arrays": sorted(k for k, a in arrays.items() if a is not None),
                 **{k: v for k, v in self._routing_kwargs().items() if k != "e_score_correction_bias"}}
@@ -260,7 +294,7 @@ class MoELayer:
                 meta = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"directory = {d!r} holds no readable layer.json ({e})") from None
-        if meta.get("format") != _LAYER_FORMAT or meta.get("version") != 1:
+        if meta.get("format") != _LAYER_FORMAT or meta.get("version") not in (1, 2):
             raise ValueError(f"{d!r}/layer.json is not a moe_cpu layer (format {meta.get('format')!r}, "
                              f"version {meta.get('version')!r})")
         packed = {k: api.load_packed(os.path.join(d, f"{k}.moe"), mmap=mmap) for k in meta["packed"]}
@@ -270,7 +304,8 @@ class MoELayer:
         return cls(arrays["gate"], packed["w13"], packed["w2"], top_k=meta["top_k"], activation=meta["activation"],
                    gate_bias=arrays.get("gate_bias"), w13_bias=arrays.get("w13_bias"), w2_bias=arrays.get("w2_bias"),
                    e_score_correction_bias=arrays.get("e_score_correction_bias"),
-                   shared_w13=packed.get("shared_w13"), shared_w2=packed.get("shared_w2"), **routing)
+                   shared_w13=packed.get("shared_w13"), shared_w2=packed.get("shared_w2"),
+                   shared_expert_gate=arrays.get("shared_expert_gate"), **routing)
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -344,11 +379,32 @@ class MoELayer:
         weights) plus, when present, the SiLU shared expert added unscaled, rounded once to x's dtype.
         """
         weights, ids = self.route(x)
+        if self.shared_expert_gate is not None:
+            return self._call_gated_shared(x, weights, ids)
         out = api.fused_experts(x, self.w13, self.w2, weights, ids, activation=self.activation,
                                 w13_bias=self.w13_bias, w2_bias=self.w2_bias)
         if self.has_shared_expert:   # factor already applied by select_experts
             out = api.shared_expert(x, self.shared_w13, self.shared_w2, out, 1.0, inplace=True)
         return out
+
+    def shared_gate(self, x: np.ndarray) -> np.ndarray:
+        """float32 ``[M]``: Qwen2-MoE's per-token shared-expert weight ``sigmoid(x @ shared_expert_gate)``."""
+        if self.shared_expert_gate is None:
+            raise ValueError("this layer has no shared_expert_gate")
+        z = _widen(self._check_x(x)) @ self.shared_expert_gate
+        return (1.0 / (1.0 + np.exp(-z.astype(np.float64)))).astype(np.float32)
+
+    def _call_gated_shared(self, x: np.ndarray, weights: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        # The shared expert runs as a one-expert fused_experts whose top-k weight is the gate; both
+        # parts come back in fp32 (x widened: the kernels see the same values) and the sum is rounded
+        # once to x's dtype.
+        xf = _widen(x)
+        out = api.fused_experts(xf, self.w13, self.w2, weights, ids, activation=self.activation,
+                                w13_bias=self.w13_bias, w2_bias=self.w2_bias)
+        M = x.shape[0]
+        out += api.fused_experts(xf, self.shared_w13, self.shared_w2, self.shared_gate(x)[:, None],
+                                 np.zeros((M, 1), np.int32))
+        return out if x.dtype == np.float32 else _narrow(out, x.dtype)
 
     def reference(self, x: np.ndarray) -> np.ndarray:
         """float64 ``[M, H]``: the same layer in NumPy (``moe_cpu.reference``) for accuracy checks.
@@ -365,8 +421,9 @@ class MoELayer:
                                               w2_bias=self.w2_bias)
         if self.has_shared_expert:
             M = x.shape[0]
+            g = np.ones((M, 1), np.float32) if self.shared_expert_gate is None else self.shared_gate(x)[:, None]
             out += reference.fused_experts_float64(x, self.shared_w13.unpack(), self.shared_w2.unpack(),
-                                                   np.ones((M, 1), np.float32), np.zeros((M, 1), np.int32))
+                                                   g, np.zeros((M, 1), np.int32))
         return out
 
     # ------------------------------------------------------------------ display
@@ -399,6 +456,7 @@ class MoELayer:
                  f"  weights: {weights}, {_mib(self.nbytes)}{biases}",
                  f"  routing: {self._routing_str()}"]
         if self.has_shared_expert:
+            gated = ", sigmoid-gated per token" if self.shared_expert_gate is not None else ""
             lines.append(f"  shared expert: Is={self.shared_w2.in_features}, {self.shared_w13.scheme}, "
-                         f"{_mib(self.shared_w13.nbytes + self.shared_w2.nbytes)}")
+                         f"{_mib(self.shared_w13.nbytes + self.shared_w2.nbytes)}{gated}")
         return "\n".join(lines)

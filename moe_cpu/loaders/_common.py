@@ -23,7 +23,8 @@ INT_SCHEMES = ("int4_w4a8", "int8_w8a8")
 
 @dataclass
 class LayerWeights:
-    """One MoE layer's weights, ready for ``moe_cpu.fused_experts`` / ``moe_cpu.MoELayer``.
+    """One MoE layer's weights as plain data, for ``moe_cpu.fused_experts`` or
+    ``moe_cpu.MoELayer.from_weights`` (the loaders never build a layer themselves).
 
     Attributes:
         w13: PackedExperts ``[E, 2I, H]``: rows [0, I) gate, [I, 2I) up (gpt-oss safetensors:
@@ -56,23 +57,6 @@ class LayerWeights:
     def scheme(self) -> str:
         """The routed experts' scheme (one of ``moe_cpu.SCHEMES``)."""
         return self.w13.scheme
-
-    def to_moe_layer(self):
-        """A ``moe_cpu.MoELayer`` with these weights and routing.
-
-        Raises ValueError when the layer needs something MoELayer cannot express (Qwen2-MoE's gated
-        shared expert): use the fields directly then. A router bias (gpt-oss) becomes ``gate_bias``.
-        """
-        from ..layer import MoELayer
-        if self.shared_expert_gate is not None:
-            raise ValueError("this layer has a sigmoid shared-expert gate (Qwen2-MoE), which MoELayer does not "
-                             "support; call moe_cpu.select_experts / fused_experts with the fields directly")
-        c = self.config
-        return MoELayer(self.gate, self.w13, self.w2, top_k=c.top_k, gate_bias=self.gate_bias,
-                        w13_bias=self.w13_bias, w2_bias=self.w2_bias,
-                        shared_w13=self.shared_w13, shared_w2=self.shared_w2,
-                        e_score_correction_bias=self.e_score_correction_bias, activation=c.activation,
-                        **c.routing_kwargs())
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 __all__ = ["MoEConfig", "config_from_hf", "config_from_gguf"]
 
@@ -63,6 +63,22 @@ def _int(v: Any, key: str, where: str, lo: int = 1) -> int:
     return v
 
 
+# One quantity under the names that transformers 4 and 5 (and original releases) write for it.
+_NUM_EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts")
+_TOP_K = ("num_experts_per_tok", "experts_per_token")
+
+
+def _aliased(cfg: Dict[str, Any], names: Tuple[str, ...], where: str) -> int:
+    """The integer under whichever of `names` the config has; two names with different values raise."""
+    found = {n: cfg[n] for n in names if cfg.get(n) is not None}
+    if not found:
+        raise ValueError(f"{where}: required key '{names[0]}' is missing (also accepted: {', '.join(names[1:])})")
+    vals = {n: _int(v, n, where) for n, v in found.items()}
+    if len(set(vals.values())) > 1:
+        raise ValueError(f"{where}: {' and '.join(f'{n} = {v}' for n, v in vals.items())} disagree")
+    return next(iter(vals.values()))
+
+
 def _act(cfg: Dict[str, Any], where: str) -> str:
     name = cfg.get("hidden_act", "silu")
     if name not in _HF_ACT:
@@ -73,11 +89,16 @@ def _act(cfg: Dict[str, Any], where: str) -> str:
 def config_from_hf(cfg: Dict[str, Any], layer_idx: int, where: str = "config.json") -> MoEConfig:
     """MoEConfig of layer ``layer_idx`` from a Hugging Face config dict.
 
-    Supported ``model_type``: qwen2_moe, qwen3_moe (num_experts, num_experts_per_tok,
-    moe_intermediate_size, norm_topk_prob), mixtral (num_local_experts; always renormalized),
-    deepseek_v2 / deepseek_v3 / kimi_k2 (n_routed_experts, n_group, topk_group, topk_method,
-    scoring_func, routed_scaling_factor, n_shared_experts, first_k_dense_replace, moe_layer_freq)
-    and gpt_oss (num_local_experts, num_experts_per_tok or experts_per_token, swigluoai).
+    Supported ``model_type``: qwen2_moe, qwen3_moe (moe_intermediate_size, norm_topk_prob,
+    shared_expert_intermediate_size), mixtral (always renormalized), deepseek_v2 / deepseek_v3 /
+    kimi_k2 (n_group, topk_group, topk_method, scoring_func, routed_scaling_factor,
+    n_shared_experts, first_k_dense_replace, moe_layer_freq) and gpt_oss (swigluoai with
+    swiglu_limit 7 and swiglu_alpha 1.702).
+
+    Keys that transformers renamed are read under every name, for every family: the expert count
+    as ``num_experts`` (transformers 4 Qwen), ``num_local_experts`` (transformers 5, Mixtral,
+    gpt-oss) or ``n_routed_experts`` (DeepSeek); top-k as ``num_experts_per_tok`` or
+    ``experts_per_token`` (gpt-oss' original config). Two names with different values raise.
     """
     mt = _req(cfg, "model_type", where)
     H = _int(_req(cfg, "hidden_size", where), "hidden_size", where)
@@ -85,6 +106,8 @@ def config_from_hf(cfg: Dict[str, Any], layer_idx: int, where: str = "config.jso
     if isinstance(nl, int) and not 0 <= layer_idx < nl:
         raise ValueError(f"{where}: layer {layer_idx} is out of range (num_hidden_layers = {nl})")
     g = lambda k: _int(_req(cfg, k, where), k, where)  # noqa: E731
+    E = lambda: _aliased(cfg, _NUM_EXPERTS, where)  # noqa: E731
+    K = lambda: _aliased(cfg, _TOP_K, where)  # noqa: E731
 
     if mt in ("qwen2_moe", "qwen3_moe"):
         step = cfg.get("decoder_sparse_step", 1) or 1
@@ -92,12 +115,11 @@ def config_from_hf(cfg: Dict[str, Any], layer_idx: int, where: str = "config.jso
             raise ValueError(f"{where}: layer {layer_idx} is a dense MLP layer, not MoE "
                              f"(mlp_only_layers / decoder_sparse_step = {step})")
         shared = cfg.get("shared_expert_intermediate_size") if mt == "qwen2_moe" else None
-        return MoEConfig(mt, g("num_experts"), g("num_experts_per_tok"), H, g("moe_intermediate_size"),
+        return MoEConfig(mt, E(), K(), H, g("moe_intermediate_size"),
                          renormalize=bool(cfg.get("norm_topk_prob", False)), activation=_act(cfg, where),
                          shared_intermediate_size=shared or None)
     if mt == "mixtral":
-        return MoEConfig(mt, g("num_local_experts"), g("num_experts_per_tok"), H, g("intermediate_size"),
-                         renormalize=True, activation=_act(cfg, where))
+        return MoEConfig(mt, E(), K(), H, g("intermediate_size"), renormalize=True, activation=_act(cfg, where))
     if mt in ("deepseek_v2", "deepseek_v3", "kimi_k2"):
         dense = cfg.get("first_k_dense_replace", 0) or 0
         freq = cfg.get("moe_layer_freq", 1) or 1
@@ -114,21 +136,20 @@ def config_from_hf(cfg: Dict[str, Any], layer_idx: int, where: str = "config.jso
         if scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"{where}: scoring_func = {scoring!r} must be 'softmax' or 'sigmoid'")
         ns = cfg.get("n_shared_experts") or 0
-        return MoEConfig(mt, g("n_routed_experts"), g("num_experts_per_tok"), H, I,
+        return MoEConfig(mt, E(), K(), H, I,
                          renormalize=bool(cfg.get("norm_topk_prob", False)), scoring_func=scoring,
                          use_grouped_topk=grouped, num_expert_group=g("n_group") if grouped else None,
                          topk_group=g("topk_group") if grouped else None,
                          routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
                          activation=_act(cfg, where), shared_intermediate_size=I * ns if ns else None)
     if mt == "gpt_oss":
-        k = cfg.get("num_experts_per_tok", cfg.get("experts_per_token"))
-        if k is None:
-            raise ValueError(f"{where}: required key 'num_experts_per_tok' (or 'experts_per_token') is missing")
         limit = cfg.get("swiglu_limit", 7.0)
         if float(limit) != 7.0:
             raise ValueError(f"{where}: swiglu_limit = {limit} is not supported (moe_cpu's swigluoai clamps at 7)")
-        return MoEConfig(mt, g("num_local_experts"), _int(k, "num_experts_per_tok", where), H,
-                         g("intermediate_size"), renormalize=True, activation="swigluoai")
+        alpha = cfg.get("swiglu_alpha", 1.702)
+        if float(alpha) != 1.702:
+            raise ValueError(f"{where}: swiglu_alpha = {alpha} is not supported (moe_cpu's swigluoai uses 1.702)")
+        return MoEConfig(mt, E(), K(), H, g("intermediate_size"), renormalize=True, activation="swigluoai")
     raise ValueError(f"{where}: model_type = {mt!r} is not supported (expected one of qwen2_moe, qwen3_moe, "
                      "mixtral, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss)")
 

@@ -234,8 +234,8 @@ def test_deepseek_v3_fp8(tmp_path, rng, I):
     want = ref.shared_expert_ref(x, ref.RefWeights.fp8(np.concatenate([cg, cu])[None], sc13, (bn_eff, 128)),
                                  ref.RefWeights.fp8(cd[None], sd[None], (bn, 128)), fused)
     assert_close(got, want, "fp8_w8a16", "shared expert")
-    # to_moe_layer chains the same calls
-    layer = lw.to_moe_layer()
+    # MoELayer.from_weights chains the same calls
+    layer = moe_cpu.MoELayer.from_weights(lw)
     tw, ids = moe_cpu.select_experts(x @ lw.gate.T, 2, e_score_correction_bias=lw.e_score_correction_bias,
                                      **c.routing_kwargs())
     manual = moe_cpu.shared_expert(x, lw.shared_w13, lw.shared_w2, moe_cpu.fused_experts(x, lw.w13, lw.w2, tw, ids))
@@ -299,8 +299,31 @@ def test_qwen2_moe_f32_shared_expert(tmp_path, rng):
     assert_codes(lw.w2, weight=ref.float_to_bf16_bits(np.stack([t(f"experts.{e}.down_proj.weight") for e in range(E)])))
     np.testing.assert_array_equal(lw.shared_expert_gate, t("shared_expert_gate.weight")[0])
     assert lw.config.shared_intermediate_size == Is
-    with pytest.raises(ValueError, match="shared-expert gate"):
-        lw.to_moe_layer()
+    # The layer: routed + sigmoid(x @ shared_expert_gate) * SiLU-FFN_shared(x), against float64 NumPy.
+    layer = moe_cpu.MoELayer.from_weights(lw)
+    assert "sigmoid-gated" in repr(layer)
+    x = make_input(rng, 9, H)
+    x64 = x.astype(np.float64)
+    w64 = lambda a: ref.bf16_round(a).astype(np.float64)  # noqa: E731
+    logits = (x64 @ t("gate.weight").T.astype(np.float64)).astype(np.float32)
+    tw, ids = ref.select_experts_ref(logits, 2)
+    want = np.zeros((9, H))
+    for m in range(9):
+        for j in range(2):
+            e = ids[m, j]
+            g = x64[m] @ w64(t(f"experts.{e}.gate_proj.weight")).T
+            u = x64[m] @ w64(t(f"experts.{e}.up_proj.weight")).T
+            want[m] += tw[m, j] * ((g / (1 + np.exp(-g)) * u) @ w64(t(f"experts.{e}.down_proj.weight")).T)
+    g, u = x64 @ w64(t("shared_expert.gate_proj.weight")).T, x64 @ w64(t("shared_expert.up_proj.weight")).T
+    shared = (g / (1 + np.exp(-g)) * u) @ w64(t("shared_expert.down_proj.weight")).T
+    want += shared / (1 + np.exp(-(x64 @ t("shared_expert_gate.weight")[0].astype(np.float64))))[:, None]
+    assert_close(layer(x), want, "bf16", "Qwen2-MoE layer with its shared-expert gate")
+    assert_close(layer.reference(x), want, "bf16", "MoELayer.reference with the gate")
+    # saved and loaded with the layer (layer.json version 2)
+    layer.save(tmp_path / "saved")
+    back = moe_cpu.MoELayer.load(tmp_path / "saved")
+    np.testing.assert_array_equal(back.shared_expert_gate, lw.shared_expert_gate)
+    np.testing.assert_array_equal(back(x), layer(x))
 
 
 @pytest.mark.parametrize("raw", [False, True])
@@ -338,7 +361,7 @@ def test_gpt_oss_bf16_fused_interleaved(tmp_path, rng, monkeypatch, raw):
     w2r = ref.RefWeights.bf16(np.ascontiguousarray(t("experts.down_proj").view(np.uint16).transpose(0, 2, 1)))
     check_moe(rng, lw, w13r, w2r)
     # The whole layer, router bias included: logits = x @ gate.T + bias, then the experts.
-    layer = lw.to_moe_layer()
+    layer = moe_cpu.MoELayer.from_weights(lw)
     x = make_input(rng, 10, H)
     logits = (x.astype(np.float64) @ lw.gate.T.astype(np.float64) + lw.gate_bias).astype(np.float32)
     tw, ids = ref.select_experts_ref(logits, 2, renormalize=True)

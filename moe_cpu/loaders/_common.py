@@ -19,6 +19,8 @@ from .config import MoEConfig
 __all__ = ["LayerWeights", "Part", "Source", "resolve_scheme", "resolve_pair", "build_experts", "bf16_bits_to_f32"]
 
 INT_SCHEMES = ("int4_w4a8", "int8_w8a8")
+# MXFP4's e2m1 values times 2 (integers), so a block's weight is MXFP4_VALUES[q] * 2^(e8m0 - 128).
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 @dataclass

@@ -27,13 +27,12 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from ._common import LayerWeights, Part, Source, build_experts, resolve_pair
+from ._common import MXFP4_VALUES, LayerWeights, Part, Source, build_experts, resolve_pair
 from .config import config_from_gguf
 
 __all__ = ["load_gguf_layer"]
 
 IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
-MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)   # e2m1 x 2
 UNSIGNED4 = tuple(range(16))
 
 

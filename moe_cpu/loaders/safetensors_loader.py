@@ -11,7 +11,8 @@ Supported expert weights:
   F16 and F32 are rounded to nearest even).
 Naming: ``model.layers.L.mlp.experts.N.{gate,up,down}_proj`` (Qwen, DeepSeek), Mixtral's
 ``block_sparse_moe.experts.N.{w1,w3,w2}``, gpt-oss' fused ``mlp.experts.gate_up_proj`` [E, H, 2I]
-(interleaved gate/up) and ``down_proj`` [E, I, H] with biases and ``mlp.router.{weight,bias}``.
+(interleaved gate/up) and ``down_proj`` [E, I, H] with biases and ``mlp.router.{weight,bias}``, or
+  the release's MXFP4 ``*_blocks`` / ``*_scales`` (int4 with the MXFP4 codebook, lossless).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._common import LayerWeights, Part, Source, bf16_bits_to_f32, build_experts, resolve_scheme
+from ._common import MXFP4_VALUES, LayerWeights, Part, Source, bf16_bits_to_f32, build_experts, resolve_scheme
 from .config import config_from_hf
 
 __all__ = ["load_safetensors_layer"]
@@ -269,6 +270,26 @@ class _Layer:
             return Part("float", np.ascontiguousarray(_to_f32(self.ck.read(name, (E, K, rows), FLOAT, e, label)).T))
         return Source(label, rows, "float", -1, read)
 
+    def mxfp4(self, label: str, name: str, rows: int, K: int, E: int) -> Source:
+        """gpt-oss MXFP4: ``name_blocks`` uint8 [E, rows, K/32, 16] (two e2m1 codes per byte, the low
+        nibble first) and ``name_scales`` uint8 [E, rows, K/32] (e8m0; 0xFF, NaN, raises), read per
+        expert as [rows, K] codes of the MXFP4 codebook with scales 2^(e - 128), losslessly."""
+        if K % 32:
+            raise ValueError(f"tensor {name}_blocks: MXFP4 needs the input dimension to be a multiple of 32, got {K}")
+
+        def read(e: int) -> Part:
+            b = self.ck.read(name + "_blocks", (E, rows, K // 32, 16), ["U8"], e, label)
+            sc = self.ck.read(name + "_scales", (E, rows, K // 32), ["U8"], e, label)
+            if (sc == 255).any():    # e8m0 0xFF is NaN (OCP MX): no weight to load
+                r, g = np.argwhere(sc == 255)[0]
+                raise ValueError(f"tensor {name}_scales: expert {e}, row {r}, block {g} holds 0xFF, which is NaN "
+                                 "in e8m0 (OCP MX); the checkpoint is damaged")
+            q = np.empty((rows, K // 32, 32), np.uint8)
+            q[..., 0::2], q[..., 1::2] = b & 15, b >> 4
+            s = np.ldexp(np.float32(1), sc.astype(np.int32) - 128).astype(np.float32)
+            return Part("int", q.reshape(rows, K), s, codebook=MXFP4_VALUES)
+        return Source(label, rows, "int4_w4a8", 32, read, codebook=MXFP4_VALUES)
+
     def vector(self, name: str, shape: Tuple[int, ...]) -> np.ndarray:
         return np.ascontiguousarray(_to_f32(self.ck.read(name, shape, FLOAT)).reshape(shape))
 
@@ -309,15 +330,21 @@ def load_safetensors_layer(path: Any, layer_idx: int, scheme: Optional[str] = No
     base = _find_base(ck, layer_idx)
     ex = base + "experts."
     w13_bias = w2_bias = gate_bias = None
-    if ck.has(ex + "gate_up_proj_blocks"):
-        raise ValueError(f"tensor {ex}gate_up_proj_blocks: MXFP4 experts are not supported "
-                         "(use a BF16 checkpoint or a GGUF file)")
-    if ck.has(ex + "gate_up_proj"):       # gpt-oss: fused, interleaved, [E, in, out]
+    mxfp4 = ck.has(ex + "gate_up_proj_blocks")
+    if mxfp4 or ck.has(ex + "gate_up_proj"):       # gpt-oss: fused, interleaved
+        fused = ex + "gate_up_proj" + ("_blocks" if mxfp4 else "")
         if conf.model_type != "gpt_oss":
-            raise ValueError(f"tensor {ex}gate_up_proj: fused expert tensors are only supported for gpt_oss "
-                             f"(layout [E, H, 2I] with interleaved gate/up), not {conf.model_type}")
-        w13_src = [lay.fused(ex + "gate_up_proj", ex + "gate_up_proj", 2 * I, H, E)]
-        w2_src = [lay.fused(ex + "down_proj", ex + "down_proj", H, I, E)]
+            raise ValueError(f"tensor {fused}: fused expert tensors are only supported for gpt_oss "
+                             f"(interleaved gate/up), not {conf.model_type}")
+        if mxfp4:   # the release layout: [E, out, in / 32, 16] blocks + e8m0 scales
+            qm = (cfg.get("quantization_config") or {}).get("quant_method", "mxfp4")
+            if qm != "mxfp4":
+                raise ValueError(f"tensor {fused}: found, but config.json quant_method is {qm!r} (expected 'mxfp4')")
+            w13_src = [lay.mxfp4(ex + "gate_up_proj", ex + "gate_up_proj", 2 * I, H, E)]
+            w2_src = [lay.mxfp4(ex + "down_proj", ex + "down_proj", H, I, E)]
+        else:       # bf16 / f16 / f32: [E, in, out]
+            w13_src = [lay.fused(ex + "gate_up_proj", ex + "gate_up_proj", 2 * I, H, E)]
+            w2_src = [lay.fused(ex + "down_proj", ex + "down_proj", H, I, E)]
         if ck.has(ex + "gate_up_proj_bias") or ck.has(ex + "down_proj_bias"):
             w13_bias = lay.vector(ex + "gate_up_proj_bias", (E, 2 * I))
             w2_bias = lay.vector(ex + "down_proj_bias", (E, H))

@@ -164,3 +164,21 @@ def test_bad_mxfp4_checkpoints(tmp_path, rng, case):
         f.write_bytes(f.read_bytes()[:-3000])
         needles = ["model.safetensors"]
     assert_load_raises(tmp_path, d, None, case, needles)
+
+
+def test_cli_convert_and_run(tmp_path, rng):
+    import subprocess
+    import sys
+
+    write_checkpoint(tmp_path / "ck", rng, _moderate)
+    for args in (["convert", "--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "out"), "--layers", str(L)],
+                 ["run", "--checkpoint", str(tmp_path / "ck"), "--layer", str(L)]):
+        r = subprocess.run([sys.executable, "-m", "moe_cpu", *args], capture_output=True, text=True, timeout=120,
+                           cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert "int4+codebook" in r.stdout and "relative L2 error vs float64" in r.stdout
+    back = moe_cpu.MoELayer.load(tmp_path / "out" / f"layer_{L:03d}")
+    lw = load_layer(tmp_path / "ck", L)
+    for a, b in ((back.w13, lw.w13), (back.w2, lw.w2)):
+        assert a.form == "int4+codebook"
+        np.testing.assert_array_equal(a.unpack(), b.unpack())

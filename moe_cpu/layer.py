@@ -72,14 +72,6 @@ def _widen(x: np.ndarray) -> np.ndarray:
     return (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
-def _narrow(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """float32 -> bf16 of `dtype` (ml_dtypes.bfloat16 or uint16 bits), rounded to nearest even."""
-    u = y.view(np.uint32)
-    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    bits[np.isnan(y)] = 0x7FC0
-    return bits if dtype == np.uint16 else bits.view(dtype)
-
-
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
@@ -404,7 +396,10 @@ class MoELayer:
         M = x.shape[0]
         out += api.fused_experts(xf, self.shared_w13, self.shared_w2, self.shared_gate(x)[:, None],
                                  np.zeros((M, 1), np.int32))
-        return out if x.dtype == np.float32 else _narrow(out, x.dtype)
+        if x.dtype == np.float32:
+            return out
+        bits = reference.float_to_bf16_bits(out)
+        return bits if x.dtype == np.uint16 else bits.view(x.dtype)
 
     def reference(self, x: np.ndarray) -> np.ndarray:
         """float64 ``[M, H]``: the same layer in NumPy (``moe_cpu.reference``) for accuracy checks.

@@ -23,6 +23,11 @@ INT_SCHEMES = ("int4_w4a8", "int8_w8a8")
 MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
+def mxfp4_scales(e8m0: np.ndarray) -> np.ndarray:
+    """float32 2^(e - 128) per e8m0 byte: the group scale that goes with MXFP4_VALUES (exact)."""
+    return np.ldexp(np.float32(1), e8m0.astype(np.int32) - 128).astype(np.float32)
+
+
 @dataclass
 class LayerWeights:
     """One MoE layer's weights as plain data, for ``moe_cpu.fused_experts`` or

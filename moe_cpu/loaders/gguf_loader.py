@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from ._common import MXFP4_VALUES, LayerWeights, Part, Source, build_experts, resolve_pair
+from ._common import MXFP4_VALUES, LayerWeights, mxfp4_scales, Part, Source, build_experts, resolve_pair
 from .config import config_from_gguf
 
 __all__ = ["load_gguf_layer"]
@@ -139,8 +139,7 @@ def _iq4_xs(t: _Blocks) -> Part:
 
 
 def _mxfp4(t: _Blocks) -> Part:
-    s = np.ldexp(np.float32(1), t.b[..., 0].astype(np.int32) - 128).astype(np.float32)
-    return Part("int", _rows(t.nibbles(1, 16)), s, codebook=MXFP4_VALUES)
+    return Part("int", _rows(t.nibbles(1, 16)), mxfp4_scales(t.b[..., 0]), codebook=MXFP4_VALUES)
 
 
 def _q4_0(t: _Blocks) -> Part:

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._common import MXFP4_VALUES, LayerWeights, Part, Source, bf16_bits_to_f32, build_experts, resolve_scheme
+from ._common import MXFP4_VALUES, LayerWeights, mxfp4_scales, Part, Source, bf16_bits_to_f32, build_experts, resolve_scheme
 from .config import config_from_hf
 
 __all__ = ["load_safetensors_layer"]
@@ -286,8 +286,7 @@ class _Layer:
                                  "in e8m0 (OCP MX); the checkpoint is damaged")
             q = np.empty((rows, K // 32, 32), np.uint8)
             q[..., 0::2], q[..., 1::2] = b & 15, b >> 4
-            s = np.ldexp(np.float32(1), sc.astype(np.int32) - 128).astype(np.float32)
-            return Part("int", q.reshape(rows, K), s, codebook=MXFP4_VALUES)
+            return Part("int", q.reshape(rows, K), mxfp4_scales(sc), codebook=MXFP4_VALUES)
         return Source(label, rows, "int4_w4a8", 32, read, codebook=MXFP4_VALUES)
 
     def vector(self, name: str, shape: Tuple[int, ...]) -> np.ndarray:

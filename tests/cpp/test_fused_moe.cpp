@@ -38,8 +38,7 @@ class GemmKernelTest : public ::testing::TestWithParam<const KernelDesc*> {};
 TEST_P(GemmKernelTest, MatchesDirectComputationOnOddShapes) {
   const KernelDesc* kd = runnable(GetParam());
   if (kd != GetParam()) RecordProperty("ran", kd->name);
-  if (const std::string m = test::missing_features(kd->features); !m.empty())
-    GTEST_SKIP() << kd->name << " needs CPU features this machine (or MOE_CPU_ISA) lacks: " << m;
+  MOE_CPU_SKIP_UNLESS_RUNNABLE(kd);
   auto g = test::rng_for_test();
   int ran = 0;
   for (const GemmCase& c : kCases) {
@@ -159,8 +158,7 @@ class BatchInvarianceTest : public ::testing::TestWithParam<const KernelDesc*> {
 
 TEST_P(BatchInvarianceTest, RowBitsDoNotDependOnTheRowsBesideThem) {
   const KernelDesc* kd = runnable(GetParam());
-  if (const std::string m = test::missing_features(kd->features); !m.empty())
-    GTEST_SKIP() << kd->name << " needs CPU features this machine (or MOE_CPU_ISA) lacks: " << m;
+  MOE_CPU_SKIP_UNLESS_RUNNABLE(kd);
   auto g = test::rng_for_test();
   const int64_t E = 1, N = 40, R = 13;
   for (const int64_t K : {64, 640}) {
@@ -199,8 +197,7 @@ class IntExtremesTest : public ::testing::TestWithParam<const KernelDesc*> {};
 
 TEST_P(IntExtremesTest, LargestSumsAreExact) {
   const KernelDesc* kd = runnable(GetParam());
-  if (const std::string m = test::missing_features(kd->features); !m.empty())
-    GTEST_SKIP() << kd->name << " needs CPU features this machine (or MOE_CPU_ISA) lacks: " << m;
+  MOE_CPU_SKIP_UNLESS_RUNNABLE(kd);
   const int64_t E = 1, N = 32, K = 512, R = 5, group = 128, G = K / group;
   const bool int4 = kd->scheme == Scheme::kInt4W4A8;
   for (const int w_sign : {1, -1}) {
@@ -252,8 +249,7 @@ class Fp8KernelTest : public ::testing::TestWithParam<const KernelDesc*> {};
 
 TEST_P(Fp8KernelTest, DecodesEveryFiniteCodeExactly) {
   const KernelDesc* kd = GetParam();
-  if (const std::string m = test::missing_features(kd->features); !m.empty())
-    GTEST_SKIP() << kd->name << " needs CPU features this machine (or MOE_CPU_ISA) lacks: " << m;
+  MOE_CPU_SKIP_UNLESS_RUNNABLE(kd);
   std::vector<uint8_t> codes;
   for (int c = 0; c < 256; ++c)
     if (!e4m3fn_is_nan(uint8_t(c))) codes.push_back(uint8_t(c));

@@ -40,6 +40,11 @@ inline std::string missing_features(uint64_t need) {
   return out;
 }
 
+// Skips the running test when kernel `kd` needs CPU features this machine (or MOE_CPU_ISA) lacks.
+#define MOE_CPU_SKIP_UNLESS_RUNNABLE(kd)                                                            \
+  if (const std::string m_ = ::moe_cpu::test::missing_features((kd)->features); !m_.empty())        \
+  GTEST_SKIP() << (kd)->name << " needs CPU features this machine (or MOE_CPU_ISA) lacks: " << m_
+
 // max |a - b| / max(|b|)
 inline double rel_max_err(const std::vector<float>& a, const std::vector<double>& b) {
   double e = 0, m = 1e-30;

@@ -48,8 +48,7 @@ class WeightFormTest : public ::testing::TestWithParam<const KernelDesc*> {};
 
 TEST_P(WeightFormTest, MatchesDequantizedMath) {
   const KernelDesc* kd = test::runnable(GetParam());
-  if (const std::string m = test::missing_features(kd->features); !m.empty())
-    GTEST_SKIP() << kd->name << " needs CPU features this machine (or MOE_CPU_ISA) lacks: " << m;
+  MOE_CPU_SKIP_UNLESS_RUNNABLE(kd);
   auto g = test::rng_for_test();
   int ran = 0;
   for (const FormCase& c : kForms) {

@@ -223,9 +223,16 @@ class MoELayer:
     # ------------------------------------------------------------------ checkpoints and packed files
     @classmethod
     def from_pretrained(cls, path: "str | os.PathLike[str]", layer_idx: int, scheme: Optional[str] = None,
-                        **loader_kwargs: object) -> "MoELayer":
+                        comm: object = None, **loader_kwargs: object) -> "MoELayer":
         """Layer ``layer_idx`` of a checkpoint (safetensors directory or file, or GGUF), via
-        ``moe_cpu.loaders.load_layer`` (which documents formats, model families and ``scheme``)."""
+        ``moe_cpu.loaders.load_layer`` (which documents formats, model families and ``scheme``).
+
+        With ``comm`` (an mpi4py communicator) the layer is expert-parallel: this returns
+        ``moe_cpu.distributed.EPMoELayer.from_pretrained(path, layer_idx, scheme, comm=comm, ...)``
+        (``placement``, ``exact`` and ``threads`` go there), and each rank reads only its experts."""
+        if comm is not None:
+            from .distributed import EPMoELayer
+            return EPMoELayer.from_pretrained(path, layer_idx, scheme, comm=comm, **loader_kwargs)
         from .loaders import load_layer
 
         return load_layer(path, layer_idx, scheme, **loader_kwargs).to_moe_layer()

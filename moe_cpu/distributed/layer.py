@@ -15,6 +15,7 @@ slots j = 0..k-1 in the single-process order: bit-identical to ``MoELayer``, at 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
@@ -68,6 +69,7 @@ class EPMoELayer:
         runs_shared = self.exact or self.rank == 0
         self.shared_w13, self.shared_w2 = (shared_w13, shared_w2) if runs_shared else (None, None)
         self.has_shared_expert = self.shared_w13 is not None   # runs it here
+        self.last_times = (0.0, 0.0, 0.0)
         self.threads = threads   # applied by _build once every rank has built (place_threads is collective)
 
     # ------------------------------------------------------------------ construction
@@ -188,6 +190,7 @@ class EPMoELayer:
         """Collective: every rank passes the same x [M, H] (float32 or bf16) and gets the whole output."""
         MPI = mpi()
         exc, M, crc, part = None, -1, 0, None
+        t0 = time.perf_counter()
         try:
             x = self.router.check_x(x)
             M = x.shape[0]
@@ -196,8 +199,11 @@ class EPMoELayer:
             part = self._partial(x, weights, ids)
         except Exception as e:   # noqa: BLE001 - re-raised here by agree(), reported on the other ranks
             exc = e
+        t1 = time.perf_counter()
         agree(self.comm, exc, "EPMoELayer call", M=M, routing=crc)
+        t2 = time.perf_counter()
         self.comm.Allreduce(MPI.IN_PLACE, part, op=MPI.SUM)
+        self.last_times = (t1 - t0, t2 - t1, time.perf_counter() - t2)   # compute, agree, all-reduce (s)
         if self.exact:
             part = self._sum_slots(part, M)
             out = _like(part, x)

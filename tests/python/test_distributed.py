@@ -1,6 +1,7 @@
 """moe_cpu.distributed: expert parallelism over MPI. The MPI cases run in `mpirun -np 2` and
 `-np 3 --oversubscribe` subprocesses (ep_worker.py, several cases per launch); the placement checks
 and the loader's expert subset run here."""
+import json
 import os
 import shutil
 import subprocess
@@ -135,3 +136,25 @@ def test_loading_a_subset_reads_only_those_experts(tmp_path, rng, monkeypatch):
         load_layer(ck, L, "int8_w8a8", experts=[1, 1])
     with pytest.raises(ValueError, match="subset of the experts"):
         sub.to_moe_layer()
+
+
+# ----------------------------------------------------------------------------------- command line
+@needs_mpirun
+def test_cli_run_ep_and_bench_ep(tmp_path, rng):
+    """`mpirun -np 2 moe-cpu run --ep` (error vs the float64 layer) and `moe-cpu bench --ep` (rows)."""
+    ck = qwen3_checkpoint(tmp_path / "q3", rng)
+    res, _ = mpirun(2, "-m", "moe_cpu", "run", "--ep", "--checkpoint", str(ck), "--layer", str(L), "--tokens", "8",
+                    "--scheme", "int8_w8a8", "--calls", "2", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    line = next(s for s in res.stdout.splitlines() if "relative L2 error" in s)
+    assert "on 2 ranks" in line and float(line.split("float64 ")[1].split(",")[0]) < 0.05, line
+    assert res.stdout.count("EPMoELayer(E=6") == 2   # rank 0 prints every rank's share
+    res, _ = mpirun(2, "-m", "moe_cpu", "bench", "--ep", "--shapes", "qwen3-30b-a3b", "--experts", "4", "--m", "1,3",
+                    "--calls", "1", "--sweep", "4,64", "--out", str(tmp_path / "b"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads((tmp_path / "b" / "bench_ep_2ranks.json").read_text())
+    assert [r["M"] for r in data["rows"]] == [1, 3] and data["ranks"] == 2
+    for r in data["rows"]:
+        assert r["experts_per_rank"] == [2, 2] and r["ms"] > 0 and 0 <= r["allreduce_share"]
+        assert r["allreduce_bytes"] == r["M"] * 2048 * 4
+    assert data["alpha_s"] is not None

@@ -59,7 +59,7 @@ def fit_alpha_beta(sweep):
     return float(alpha), float(beta)
 
 
-def bench_shape(comm, name, scheme, ms, calls, experts):
+def bench_shape(comm, name, scheme, ms, calls, experts, exact=False):
     MPI = mpi()
     H, I, E_model, k, E, _ = SHAPES[name]
     E = experts or E
@@ -70,7 +70,7 @@ def bench_shape(comm, name, scheme, ms, calls, experts):
     w13 = random_codes(rng, scheme, len(own), 2 * I, H)()
     w2 = random_codes(rng, scheme, len(own), H, I)()
     gate = np.random.default_rng(1).standard_normal((E, H), dtype=np.float32)
-    layer = EPMoELayer(comm, pl, _Router(gate, top_k=k), w13, w2, threads=None)
+    layer = EPMoELayer(comm, pl, _Router(gate, top_k=k), w13, w2, threads=None, exact=exact)
     rows = []
     for M in ms:
         x = np.random.default_rng(2).standard_normal((M, H), dtype=np.float32)
@@ -83,25 +83,25 @@ def bench_shape(comm, name, scheme, ms, calls, experts):
             layer(xi)
             total.append(time.perf_counter() - t0)
             parts.append(layer.last_times)
-            buf = np.zeros((M, H), np.float32)
+            buf = np.zeros((M * (k if exact else 1), H), np.float32)
             comm.Barrier()
             t0 = time.perf_counter()
             comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
             alone.append(time.perf_counter() - t0)
-        row = dict(shape=name, scheme=scheme, E=E, E_model=E_model, k=k, H=H, I=I, M=M, ranks=size,
+        row = dict(shape=name, scheme=scheme, exact=exact, E=E, E_model=E_model, k=k, H=H, I=I, M=M, ranks=size,
                    threads=api.get_num_threads(), experts_per_rank=[len(p) for p in pl],
                    ms=1e3 * _median_of_max(comm, total),
                    compute_ms=1e3 * _median_of_max(comm, [p[0] for p in parts]),
                    agree_ms=1e3 * _median_of_max(comm, [p[1] for p in parts]),
                    allreduce_in_call_ms=1e3 * _median_of_max(comm, [p[2] for p in parts]),
-                   allreduce_alone_ms=1e3 * _median_of_max(comm, alone), allreduce_bytes=M * H * 4)
+                   allreduce_alone_ms=1e3 * _median_of_max(comm, alone), allreduce_bytes=buf.nbytes)
         row["allreduce_share"] = row["allreduce_alone_ms"] / row["ms"]
         rows.append(row)
         if rank == 0:
             print(f"{name:<14} {scheme:<10} E={E:<4} ranks={size} threads/rank={row['threads']} M={M:<4} "
                   f"{row['ms']:9.3f} ms/call  compute {row['compute_ms']:9.3f}  agree {row['agree_ms']:.3f}  "
                   f"all-reduce in call {row['allreduce_in_call_ms']:.3f}, alone {row['allreduce_alone_ms']:.3f} ms "
-                  f"({100 * row['allreduce_share']:.1f}% of the call, {M * H * 4} B)", flush=True)
+                  f"({100 * row['allreduce_share']:.1f}% of the call, {buf.nbytes} B){' exact' if exact else ''}", flush=True)
     return rows
 
 
@@ -114,6 +114,7 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=7, help="timed calls per point")
     p.add_argument("--sweep", default="4,1024,65536,1048576,4194304,16777216",
                    help="all-reduce sizes in bytes for the alpha/beta fit ('' to skip)")
+    p.add_argument("--exact", action="store_true", help="also time exact=True (bit-identical mode) at each point")
     p.add_argument("--out", default="bench_out")
     a = p.parse_args(argv)
     MPI = mpi()
@@ -130,7 +131,8 @@ def main(argv=None) -> int:
     rows = []
     for shape in shapes:
         for scheme in a.schemes.split(","):
-            rows += bench_shape(comm, shape, scheme, [int(m) for m in a.m.split(",")], a.calls, a.experts)
+            for exact in ((False, True) if a.exact else (False,)):
+                rows += bench_shape(comm, shape, scheme, [int(m) for m in a.m.split(",")], a.calls, a.experts, exact)
     sweep = allreduce_sweep(comm, [int(s) for s in a.sweep.split(",")]) if a.sweep else {}
     fit = fit_alpha_beta(sweep) if len(sweep) >= 2 else (None, None)
     if comm.Get_rank() == 0:

@@ -105,7 +105,7 @@ def cmd_run_ep(args: argparse.Namespace) -> int:
     else:
         m = EPMoELayer.from_pretrained(args.checkpoint, args.layer, args.scheme, comm=comm, exact=args.exact)
     say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
-    for line in comm.gather(repr(m)):
+    for line in comm.allgather(repr(m)):
         say(line)
     x = np.random.default_rng(args.seed).standard_normal((args.tokens, m.hidden_size), dtype=np.float32)
     out, ref = m(x), m.reference(x)

@@ -149,12 +149,12 @@ def test_cli_run_ep_and_bench_ep(tmp_path, rng):
     line = next(s for s in res.stdout.splitlines() if "relative L2 error" in s)
     assert "on 2 ranks" in line and float(line.split("float64 ")[1].split(",")[0]) < 0.05, line
     assert res.stdout.count("EPMoELayer(E=6") == 2   # rank 0 prints every rank's share
-    res, _ = mpirun(2, "-m", "moe_cpu", "bench", "--ep", "--shapes", "qwen3-30b-a3b", "--experts", "4", "--m", "1,3",
+    res, _ = mpirun(2, "-m", "moe_cpu", "bench", "--ep", "--shapes", "qwen3-30b-a3b", "--experts", "8", "--m", "1,3",
                     "--calls", "1", "--sweep", "4,64", "--out", str(tmp_path / "b"), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads((tmp_path / "b" / "bench_ep_2ranks.json").read_text())
     assert [r["M"] for r in data["rows"]] == [1, 3] and data["ranks"] == 2
     for r in data["rows"]:
-        assert r["experts_per_rank"] == [2, 2] and r["ms"] > 0 and 0 <= r["allreduce_share"]
+        assert r["experts_per_rank"] == [4, 4] and r["ms"] > 0 and 0 <= r["allreduce_share"]
         assert r["allreduce_bytes"] == r["M"] * 2048 * 4
     assert data["alpha_s"] is not None

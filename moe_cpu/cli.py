@@ -7,12 +7,15 @@
                                       packed layer directories (MoELayer.save) for fast loading
     moe-cpu run --checkpoint PATH --layer L [--tokens 32] [--scheme S]
                                       random tokens through one layer: error vs float64, speed
+    mpirun -np N moe-cpu run --ep ... / mpirun -np N moe-cpu bench --ep [--shapes ...] [--m 1,512]
+                                      expert parallel over MPI (moe_cpu.distributed)
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -89,9 +92,41 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run_ep(args: argparse.Namespace) -> int:
+    """``mpirun -np N moe-cpu run --ep``: the layer split over the ranks (each reads only its
+    experts); error against the float64 layer and time per call, printed by rank 0."""
+    from .distributed import EPMoELayer
+    from .distributed._mpi import mpi
+    from .layer import MoELayer
+
+    comm = mpi().COMM_WORLD
+    if os.path.isfile(os.path.join(args.checkpoint, "layer.json")):   # converted: mapped, then split
+        m = EPMoELayer.from_layer(MoELayer.load(args.checkpoint), comm, exact=args.exact)
+    else:
+        m = EPMoELayer.from_pretrained(args.checkpoint, args.layer, args.scheme, comm=comm, exact=args.exact)
+    say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
+    for line in comm.allgather(repr(m)):
+        say(line)
+    x = np.random.default_rng(args.seed).standard_normal((args.tokens, m.hidden_size), dtype=np.float32)
+    out, ref = m(x), m.reference(x)
+    err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+    times = []
+    for _ in range(args.calls):   # a fixed count: every rank makes the same calls
+        comm.Barrier()
+        t0 = time.perf_counter()
+        m(x)
+        times.append(time.perf_counter() - t0)
+    t = max(comm.allgather(sorted(times)[len(times) // 2]))
+    say(f"{args.tokens} tokens on {comm.Get_size()} ranks: relative L2 error vs float64 {err:.4g}, "
+        f"{t * 1e3:.3f} ms/call, {args.tokens / t:.0f} tokens/s")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Random tokens through one layer: relative L2 error against the float64 layer with the same
     (dequantized) weights, and the time per call."""
+    if args.ep:
+        return cmd_run_ep(args)
     m = _open_layer(args.checkpoint, args.layer, args.scheme)
     print(m)
     x = np.random.default_rng(args.seed).standard_normal((args.tokens, m.hidden_size), dtype=np.float32)
@@ -128,6 +163,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--scheme", default=None, help="scheme for unquantized checkpoints")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--min-time", type=float, default=0.3, help="seconds of timed calls")
+    r.add_argument("--ep", action="store_true", help="expert parallel over MPI: mpirun -np N moe-cpu run --ep ...")
+    r.add_argument("--exact", action="store_true", help="with --ep: bit-identical to one process (k x the traffic)")
+    r.add_argument("--calls", type=int, default=10, help="with --ep: timed calls (the same on every rank)")
     return p
 
 
@@ -139,6 +177,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         demo.main(argv[1:])
         return 0
     if argv and argv[0] == "bench":  # likewise for the benchmark
+        if "--ep" in argv:           # expert parallel, under mpirun
+            from .distributed import bench as ep_bench
+            return ep_bench.main([a for a in argv[1:] if a != "--ep"])
         from . import bench
         return bench.main(argv[1:])
     args = _parser().parse_args(argv)

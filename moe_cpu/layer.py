@@ -232,9 +232,16 @@ class MoELayer:
     # ------------------------------------------------------------------ checkpoints and packed files
     @classmethod
     def from_pretrained(cls, path: "str | os.PathLike[str]", layer_idx: int, scheme: Optional[str] = None,
-                        **loader_kwargs: object) -> "MoELayer":
+                        comm: object = None, **loader_kwargs: object) -> "MoELayer":
         """Layer ``layer_idx`` of a checkpoint (safetensors directory or file, or GGUF), via
-        ``moe_cpu.loaders.load_layer`` (which documents formats, model families and ``scheme``)."""
+        ``moe_cpu.loaders.load_layer`` (which documents formats, model families and ``scheme``).
+
+        With ``comm`` (an mpi4py communicator) the layer is expert-parallel: this returns
+        ``moe_cpu.distributed.EPMoELayer.from_pretrained(path, layer_idx, scheme, comm=comm, ...)``
+        (``placement``, ``exact`` and ``threads`` go there), and each rank reads only its experts."""
+        if comm is not None:
+            from .distributed import EPMoELayer
+            return EPMoELayer.from_pretrained(path, layer_idx, scheme, comm=comm, **loader_kwargs)
         from .loaders import load_layer
 
         return cls.from_weights(load_layer(path, layer_idx, scheme, **loader_kwargs))
@@ -248,6 +255,9 @@ class MoELayer:
 
         if not isinstance(weights, LayerWeights):
             raise TypeError(f"weights must be a moe_cpu.loaders.LayerWeights, got {type(weights).__name__}")
+        if weights.experts is not None:
+            raise ValueError("these weights hold a subset of the experts (load_layer(..., experts=...)); use "
+                             "moe_cpu.distributed.EPMoELayer for expert parallelism")
         w, c = weights, weights.config
         return cls(w.gate, w.w13, w.w2, top_k=c.top_k, gate_bias=w.gate_bias, w13_bias=w.w13_bias,
                    w2_bias=w.w2_bias, shared_w13=w.shared_w13, shared_w2=w.shared_w2,

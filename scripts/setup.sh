@@ -3,8 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-# Eigen + GoogleTest; the AArch64 cross compiler and qemu-user prove the Arm kernels (scripts/test.sh).
-PKGS="libeigen3-dev libgtest-dev googletest g++ g++-aarch64-linux-gnu qemu-user"
+# Eigen + GoogleTest; the AArch64 cross compiler and qemu-user prove the Arm kernels (scripts/test.sh);
+# Open MPI runs the expert-parallel tests (mpirun; mpi4py builds against libopenmpi-dev).
+PKGS="libeigen3-dev libgtest-dev googletest g++ g++-aarch64-linux-gnu qemu-user openmpi-bin libopenmpi-dev"
 if ! dpkg -s $PKGS >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq $PKGS >/dev/null

@@ -14,11 +14,13 @@ from __future__ import annotations
 import os
 from typing import Optional, Sequence, Tuple, Union
 
+import numpy as np
+
 from ..api import SCHEMES
 from ._common import LayerWeights
 from .config import MoEConfig
 
-__all__ = ["load_layer", "LayerWeights", "MoEConfig"]
+__all__ = ["load_layer", "num_experts", "LayerWeights", "MoEConfig"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -33,8 +35,22 @@ def _is_gguf(path: str) -> bool:
         return False
 
 
+def _subset(lw: LayerWeights, experts: Optional[Sequence[int]]) -> LayerWeights:
+    """Record the experts held and keep only their rows of the expert biases (the loaders checked the ids)."""
+    if experts is None:
+        return lw
+    lw.experts = tuple(int(e) for e in experts)
+    rows = list(lw.experts)
+    if lw.w13_bias is not None:
+        lw.w13_bias = np.ascontiguousarray(lw.w13_bias[rows])
+    if lw.w2_bias is not None:
+        lw.w2_bias = np.ascontiguousarray(lw.w2_bias[rows])
+    return lw
+
+
 def load_layer(path: Union[PathLike, Sequence[PathLike]], layer_idx: int, scheme: Optional[str] = None, *,
-               group_size: Optional[int] = None, block_size: Tuple[int, int] = (128, 128)) -> LayerWeights:
+               group_size: Optional[int] = None, block_size: Tuple[int, int] = (128, 128),
+               experts: Optional[Sequence[int]] = None) -> LayerWeights:
     """Load the MoE layer ``layer_idx`` of a checkpoint into a :class:`LayerWeights`.
 
     Args:
@@ -51,6 +67,8 @@ def load_layer(path: Union[PathLike, Sequence[PathLike]], layer_idx: int, scheme
         group_size: int4 / int8 group size when quantizing float weights (defaults as in
             ``quantize_experts``: 128 for int4, per channel for int8).
         block_size: fp8 ``(bn, bk)`` when quantizing float weights to fp8_w8a16.
+        experts: global expert ids to load (expert parallelism): only their tensors are read and
+            packed, in this order; the router, routing and shared expert are loaded whole.
 
     Returns:
         LayerWeights: w13 ``[E, 2I, H]`` (gate rows then up rows), w2 ``[E, H, I]``, router
@@ -60,18 +78,43 @@ def load_layer(path: Union[PathLike, Sequence[PathLike]], layer_idx: int, scheme
         raise ValueError(f"layer_idx must be a non-negative int, got {layer_idx!r}")
     if scheme is not None and scheme not in SCHEMES:
         raise ValueError(f"scheme = {scheme!r} is not one of {SCHEMES} (or None)")
-    kw = dict(scheme=scheme, group_size=group_size, block_size=block_size)
+    kw = dict(scheme=scheme, group_size=group_size, block_size=block_size, experts=experts)
     if isinstance(path, (list, tuple)):
         from .safetensors_loader import load_safetensors_layer
-        return load_safetensors_layer(path, layer_idx, **kw)
+        return _subset(load_safetensors_layer(path, layer_idx, **kw), experts)
     p = os.fspath(path)
     if not os.path.exists(p):
         raise ValueError(f"{p}: no such file or directory")
     if os.path.isdir(p) or p.lower().endswith(".safetensors"):
         from .safetensors_loader import load_safetensors_layer
-        return load_safetensors_layer(p, layer_idx, **kw)
+        return _subset(load_safetensors_layer(p, layer_idx, **kw), experts)
     if _is_gguf(p):
         from .gguf_loader import load_gguf_layer
-        return load_gguf_layer(p, layer_idx, **kw)
+        return _subset(load_gguf_layer(p, layer_idx, **kw), experts)
     raise ValueError(f"{p}: unknown checkpoint format (expected a directory or .safetensors files with "
                      "config.json, or a .gguf file)")
+
+
+def num_experts(path: PathLike, layer_idx: int) -> int:
+    """E of layer ``layer_idx`` from the checkpoint's config (safetensors) or metadata (GGUF), no weights read."""
+    p = os.fspath(path)
+    if not os.path.isdir(p) and _is_gguf(p):
+        from .gguf_loader import _File
+        f = _File(p)
+        arch = f.get("general.architecture")
+        E = f.get(f"{arch}.expert_count") if arch else None
+        if E is None:
+            raise ValueError(f"{p}: GGUF key '{arch}.expert_count' is missing")
+        return int(E)
+    import json
+    from .config import config_from_hf
+    from .safetensors_loader import _files
+    _, cfg_path = _files(p)
+    try:
+        with open(cfg_path) as fh:
+            cfg = json.load(fh)
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{cfg_path}: not a readable config.json ({err})") from None
+    if isinstance(cfg, dict) and isinstance(cfg.get("text_config"), dict):
+        cfg = {"quantization_config": cfg.get("quantization_config"), **cfg["text_config"]}
+    return config_from_hf(cfg, layer_idx, cfg_path).num_experts

@@ -16,7 +16,8 @@ from .. import api
 from .._core import PackedExperts
 from .config import MoEConfig
 
-__all__ = ["LayerWeights", "Part", "Source", "resolve_scheme", "resolve_pair", "build_experts", "bf16_bits_to_f32"]
+__all__ = ["LayerWeights", "Part", "Source", "resolve_scheme", "resolve_pair", "build_experts", "bf16_bits_to_f32",
+           "check_expert_ids"]
 
 INT_SCHEMES = ("int4_w4a8", "int8_w8a8")
 # MXFP4's e2m1 values times 2 (integers), so a block's weight is MXFP4_VALUES[q] * 2^(e8m0 - 128).
@@ -46,6 +47,9 @@ class LayerWeights:
         shared_expert_gate: float32 ``[H]`` (Qwen2-MoE: the shared expert's output is multiplied by
             sigmoid(x @ shared_expert_gate)), or None.
         source: a short description of what was read (format, scheme, file).
+        experts: the global ids of the experts held, in order (``load_layer(..., experts=...)``:
+            w13 / w2 / the expert biases then hold only those; gate and routing stay global), or
+            None for all of them.
     """
     w13: PackedExperts
     w2: PackedExperts
@@ -59,6 +63,7 @@ class LayerWeights:
     gate_bias: Optional[np.ndarray] = None
     shared_expert_gate: Optional[np.ndarray] = None
     source: str = ""
+    experts: Optional[Tuple[int, ...]] = None
 
     @property
     def scheme(self) -> str:
@@ -98,6 +103,22 @@ class Source:
     read: Callable[[int], Part]
     codebook: Optional[Tuple[int, ...]] = None
     mins: bool = False
+
+
+def check_expert_ids(experts: Optional[Sequence[int]], E: int) -> Optional[Tuple[int, ...]]:
+    """None, or ``experts`` as a tuple of distinct ints in [0, E) (ValueError otherwise)."""
+    if experts is None:
+        return None
+    try:
+        ids = tuple(int(e) for e in experts)
+    except (TypeError, ValueError):
+        raise ValueError(f"experts must be a sequence of expert ids, got {experts!r}") from None
+    bad = [e for e in ids if not 0 <= e < E]
+    if bad:
+        raise ValueError(f"experts: id {bad[0]} is out of range for {E} experts")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"experts: ids must be distinct, got {list(ids)}")
+    return ids
 
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -169,13 +190,19 @@ def _stack_group(sources: Sequence[Source], scheme: str, group_size: Optional[in
 
 
 def build_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: str,
-                  group_size: Optional[int] = None, block: Tuple[int, int] = (128, 128)) -> PackedExperts:
-    """Stream experts 0..E-1 of ``sources`` (stacked along rows) into one PackedExperts.
+                  group_size: Optional[int] = None, block: Tuple[int, int] = (128, 128),
+                  experts: Optional[Sequence[int]] = None) -> PackedExperts:
+    """Stream experts 0..E-1 of ``sources`` (stacked along rows) into one PackedExperts; with
+    ``experts`` (global ids), only those, in that order: the others are never read.
 
     Quantized parts are copied code for code; float parts of one expert are concatenated and quantized
     with ``quantize_experts`` on that expert alone ([1, N, K]), which is bit-exact with quantizing the
     whole stacked layer at once (groups and blocks never cross experts).
     """
+    ids = list(range(E)) if experts is None else [int(e) for e in experts]
+    E = len(ids)
+    if E == 0:   # a rank that holds no experts of this layer
+        return None
     N = sum(s.rows for s in sources)
     g = _stack_group(sources, scheme, group_size, block, what, K)
     from_float = sources[0].native == "float"
@@ -194,15 +221,15 @@ def build_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: 
         s = np.empty((E, -(-N // g[0]), -(-K // g[1])), np.float32)
     else:
         q, s = np.empty((E, N, K), np.uint16), None
-    for e in range(E):
-        parts = [src.read(e) for src in sources]
+    for e, eid in enumerate(ids):
+        parts = [src.read(eid) for src in sources]
         if from_float:
             w = parts[0].q if len(parts) == 1 else np.concatenate([p.q for p in parts])
             try:
                 d = api.quantize_experts(np.ascontiguousarray(w[None], np.float32), scheme,
                                          None if scheme in ("fp8_w8a16", "bf16") else g, block).unpack_quantized()
             except ValueError as err:
-                raise ValueError(f"{what}: expert {e}: {err}") from None
+                raise ValueError(f"{what}: expert {eid}: {err}") from None
             q[e] = d.get("qweight", d.get("weight"))[0]
             if s is not None:
                 s[e] = d.get("scales", d.get("scale_inv"))[0]

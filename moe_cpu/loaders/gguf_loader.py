@@ -23,11 +23,11 @@ that is NaN or infinite, or a tensor whose bytes do not fit its type and shape, 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._common import MXFP4_VALUES, LayerWeights, mxfp4_scales, Part, Source, build_experts, resolve_pair
+from ._common import MXFP4_VALUES, LayerWeights, mxfp4_scales, Part, Source, build_experts, check_expert_ids, resolve_pair
 from .config import config_from_gguf
 
 __all__ = ["load_gguf_layer"]
@@ -262,7 +262,8 @@ class _File:
 
 
 def load_gguf_layer(path: Any, layer_idx: int, scheme: Optional[str] = None,
-                    group_size: Optional[int] = None, block_size: Tuple[int, int] = (128, 128)) -> LayerWeights:
+                    group_size: Optional[int] = None, block_size: Tuple[int, int] = (128, 128),
+                    experts: Optional[Sequence[int]] = None) -> LayerWeights:
     """Load layer ``layer_idx`` of a GGUF file (see ``moe_cpu.loaders.load_layer``)."""
     path = os.fspath(path)
     f = _File(path)
@@ -299,8 +300,10 @@ def load_gguf_layer(path: Any, layer_idx: int, scheme: Optional[str] = None,
         w13_src = [f.source(p + "ffn_gate_exps.weight", I, H, E), f.source(up, I, H, E)]
     w2_src = [f.source(p + "ffn_down_exps.weight", H, I, E)]
     s13, s2 = resolve_pair(w13_src, w2_src, scheme, f"layer {layer_idx} routed experts")
-    w13 = build_experts(w13_src, E, H, s13, f"w13 ({w13_src[0].name}, ...)", group_size, block_size)
-    w2 = build_experts(w2_src, E, I, s2, f"w2 ({w2_src[0].name})", group_size, block_size)
+    ids = check_expert_ids(experts, E)
+    w13 = build_experts(w13_src, E, H, s13, f"w13 ({w13_src[0].name}, ...)", group_size, block_size, ids)
+    w2 = build_experts(w2_src, E, I, s2, f"w2 ({w2_src[0].name})", group_size, block_size, ids)
+    forms = f"{w13.form}/{w2.form}" if w13 is not None else f"{s13}/{s2}"
     gate = f.vector(p + "ffn_gate_inp.weight", (H, E))
 
     # optional vectors
@@ -336,4 +339,4 @@ def load_gguf_layer(path: Any, layer_idx: int, scheme: Optional[str] = None,
                         gate_bias=opt(p + "ffn_gate_inp.bias", (E,)),
                         shared_expert_gate=opt(p + "ffn_gate_inp_shexp.weight", (H,)),
                         source=f"gguf {arch} {_type(f.tensors[w13_src[0].name])}/{_type(f.tensors[w2_src[0].name])} "
-                               f"-> {w13.form}/{w2.form} ({path})")
+                               f"-> {forms} ({path})")

@@ -25,7 +25,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._common import MXFP4_VALUES, LayerWeights, mxfp4_scales, Part, Source, bf16_bits_to_f32, build_experts, resolve_scheme
+from ._common import (MXFP4_VALUES, LayerWeights, mxfp4_scales, Part, Source, bf16_bits_to_f32, build_experts,
+                      check_expert_ids, resolve_scheme)
 from .config import config_from_hf
 
 __all__ = ["load_safetensors_layer"]
@@ -307,7 +308,8 @@ def _find_base(ck: _Checkpoint, L: int) -> str:
 
 def load_safetensors_layer(path: Any, layer_idx: int, scheme: Optional[str] = None,
                            group_size: Optional[int] = None,
-                           block_size: Tuple[int, int] = (128, 128)) -> LayerWeights:
+                           block_size: Tuple[int, int] = (128, 128),
+                    experts: Optional[Sequence[int]] = None) -> LayerWeights:
     """Load layer ``layer_idx`` of a safetensors checkpoint (see ``moe_cpu.loaders.load_layer``)."""
     files, cfg_path = _files(path)
     if not os.path.isfile(cfg_path):
@@ -358,8 +360,9 @@ def load_safetensors_layer(path: Any, layer_idx: int, scheme: Optional[str] = No
         router = base + "gate."
     what = f"layer {layer_idx} routed experts"
     sch = resolve_scheme(w13_src + w2_src, scheme, what)
-    w13 = build_experts(w13_src, E, H, sch, f"w13 ({w13_src[0].name}, ...)", group_size, block_size)
-    w2 = build_experts(w2_src, E, I, sch, f"w2 ({w2_src[0].name})", group_size, block_size)
+    ids = check_expert_ids(experts, E)
+    w13 = build_experts(w13_src, E, H, sch, f"w13 ({w13_src[0].name}, ...)", group_size, block_size, ids)
+    w2 = build_experts(w2_src, E, I, sch, f"w2 ({w2_src[0].name})", group_size, block_size, ids)
     gate = lay.vector(router + "weight", (E, H))
     if ck.has(router + "bias"):
         gate_bias = lay.vector(router + "bias", (E,))

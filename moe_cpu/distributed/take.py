@@ -1,0 +1,31 @@
+"""A PackedExperts holding a subset of another's experts (re-packed from its codes, bit for bit)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .. import api
+from .._core import PackedExperts
+
+
+def take_experts(w: PackedExperts, ids: Sequence[int]) -> Optional[PackedExperts]:
+    """Experts ``ids`` of ``w`` (in that order), packed anew from ``w.unpack_quantized()``; None for no ids.
+
+    The codes, scales, zero points, codebook and mins are copied as they are, so each expert computes
+    exactly what it computed in ``w``. This unpacks all of ``w`` once: to hold only a rank's share in
+    memory, load with ``EPMoELayer.from_pretrained`` / ``from_float`` instead.
+    """
+    ids = list(ids)
+    if not ids:
+        return None
+    d = w.unpack_quantized()
+    sub = {k: (np.ascontiguousarray(v[ids]) if isinstance(v, np.ndarray) and v.ndim == 3 else v) for k, v in d.items()}
+    if w.scheme == "int4_w4a8":
+        return api.pack_int4(sub["qweight"], sub["scales"], w.group_size, sub.get("zeros"),
+                             codebook=sub.get("codebook"), mins=sub.get("mins"))
+    if w.scheme == "int8_w8a8":
+        return api.pack_int8(sub["qweight"], sub["scales"], w.group_size, mins=sub.get("mins"))
+    if w.scheme == "fp8_w8a16":
+        return api.pack_fp8(sub["weight"], sub["scale_inv"], tuple(w.block_size))
+    return api.pack_bf16(sub["weight"])

@@ -50,7 +50,7 @@ py::array int_scales(py::handle h, int64_t E, int64_t N, int64_t K, int64_t grou
 }
 
 // The stored codes in [E, N, K] order: int4 q in [-8,7] (raw u in [0,15] with zero points),
-// int8 q, fp8 codes, bf16 bits.
+// int8 q, fp8 codes, bf16 bits; channels in the activations' order (k_perm undone).
 py::array codes_array(const PackedExperts& p) {
   const int64_t E = p.num_experts, N = p.out_features, K = p.in_features;
   const bool raw = p.scheme == Scheme::kFp8W8A16 || p.has_zeros || p.has_codebook;
@@ -62,8 +62,10 @@ py::array codes_array(const PackedExperts& p) {
   for (int64_t r = 0; r < E * N; ++r) {
     p.code_row(r / N, r % N, u.data());
     const bool shift = is_int_scheme(p.scheme) && !raw;  // signed q = u - implicit zero
-    for (int64_t k = 0; k < K; ++k) {
-      const int v = shift ? int(u[size_t(k)]) - p.zero(r / N, r % N, 0) : int(u[size_t(k)]);
+    const int32_t* perm = p.has_k_perm() ? p.perm_row(r / N) : nullptr;
+    for (int64_t j = 0; j < K; ++j) {
+      const int v = shift ? int(u[size_t(j)]) - p.zero(r / N, r % N, 0) : int(u[size_t(j)]);
+      const int64_t k = perm ? perm[j] : j;
       if (isz == 2) reinterpret_cast<uint16_t*>(dst)[r * K + k] = uint16_t(v);
       else dst[r * K + k] = uint8_t(v);
     }
@@ -84,6 +86,29 @@ py::array scales_array(const PackedExperts& p, bool mins = false) {
   return s;
 }
 
+// Act-order: the group of each input channel, g_idx[e, k_perm[e][j]] = j / group length; else None.
+py::object g_idx_of(const PackedExperts& p) {
+  if (!p.has_k_perm()) return py::none();
+  const int64_t E = p.num_experts, K = p.in_features, gl = p.group_len();
+  py::array_t<int32_t> g({E, K});
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t j = 0; j < K; ++j) g.mutable_data()[e * K + p.perm_row(e)[j]] = int32_t(j / gl);
+  return std::move(g);
+}
+
+// k_perm [E, K] int32 (empty: None), set on freshly packed weights.
+Ptr with_k_perm(PackedExperts&& p, const std::vector<int32_t>& kp) {
+  if (!kp.empty()) set_k_perm(p, kp.data());
+  return share(std::move(p));
+}
+std::vector<int32_t> k_perm_arg(py::handle h, int64_t E, int64_t K) {
+  if (h.is_none()) return {};
+  auto kp = array_arg(h, "k_perm", {ElemType::kI32}, 2);
+  require_shape(kp, "k_perm", {E, K}, "[E, K]");
+  const auto* d = static_cast<const int32_t*>(kp.data());
+  return std::vector<int32_t>(d, d + E * K);
+}
+
 py::object codebook_of(const PackedExperts& p) {
   if (!p.has_codebook) return py::none();
   return py::array_t<int8_t>(16, p.codebook);
@@ -98,6 +123,7 @@ py::dict unpack_quantized(const PackedExperts& p) {
       d["qweight"] = codes_array(p);
       d["scales"] = scales_array(p);
       d["mins"] = p.has_mins ? py::object(scales_array(p, true)) : py::object(py::none());
+      d["g_idx"] = g_idx_of(p);
       if (p.scheme == Scheme::kInt4W4A8) d["codebook"] = codebook_of(p);
       if (p.scheme == Scheme::kInt4W4A8) {
         if (p.has_zeros) {
@@ -151,8 +177,8 @@ void bind_pack(py::module_& m) {
         return out;
       }, "Dequantized float32 weights [E, N, K].")
       .def("unpack_quantized", &unpack_quantized,
-           "The stored codes and scales as arrays: int4 {qweight, scales, zeros, codebook, mins}, int8 {qweight, "
-           "scales, mins}, fp8 {weight, scale_inv}, bf16 {weight}. With a codebook (or zeros) qweight holds the "
+           "The stored codes and scales as arrays: int4 {qweight, scales, zeros, codebook, mins, g_idx}, int8 "
+           "{qweight, scales, mins, g_idx}, fp8 {weight, scale_inv}, bf16 {weight}. With a codebook (or zeros) qweight holds the "
            "uint8 codes; unused entries are None.")
       .def("save", [](const PackedExperts& p, py::object path_like) {
         const std::string path = py::module_::import("os").attr("fspath")(path_like).cast<std::string>();
@@ -167,7 +193,8 @@ void bind_pack(py::module_& m) {
                    ", nbytes=", p.nbytes(), ")");
       });
 
-  m.def("pack_int4", [](py::handle q_h, py::handle s_h, int64_t group, py::handle z_h, py::handle cb_h, py::handle m_h) {
+  m.def("pack_int4", [](py::handle q_h, py::handle s_h, int64_t group, py::handle z_h, py::handle cb_h, py::handle m_h,
+                        py::handle kp_h) {
     const bool zp = !z_h.is_none(), cb = !cb_h.is_none();
     auto q = array_arg(q_h, "qweight", {zp || cb ? ElemType::kU8 : ElemType::kI8}, 3);
     const int64_t E = q.shape(0), N = q.shape(1), K = q.shape(2);
@@ -184,24 +211,27 @@ void bind_pack(py::module_& m) {
     }
     std::vector<float> mf;
     if (!m_h.is_none()) mf = scales_f32(int_scales(m_h, E, N, K, group, false, "mins"));
+    const std::vector<int32_t> kp = k_perm_arg(kp_h, E, K);
     py::gil_scoped_release nogil;
-    return share(pack_int4(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
-                           zp ? static_cast<const uint8_t*>(z.data()) : nullptr,
-                           cb ? static_cast<const int8_t*>(c.data()) : nullptr, mf.empty() ? nullptr : mf.data()));
+    return with_k_perm(pack_int4(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
+                                 zp ? static_cast<const uint8_t*>(z.data()) : nullptr,
+                                 cb ? static_cast<const int8_t*>(c.data()) : nullptr, mf.empty() ? nullptr : mf.data()),
+                       kp);
   }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("zeros"), py::arg("codebook"),
-     py::arg("mins"));
+     py::arg("mins"), py::arg("k_perm") = py::none());
 
-  m.def("pack_int8", [](py::handle q_h, py::handle s_h, int64_t group, py::handle m_h) {
+  m.def("pack_int8", [](py::handle q_h, py::handle s_h, int64_t group, py::handle m_h, py::handle kp_h) {
     auto q = array_arg(q_h, "qweight", {ElemType::kI8}, 3);
     const int64_t E = q.shape(0), N = q.shape(1), K = q.shape(2);
     auto s = int_scales(s_h, E, N, K, group, true);
     std::vector<float> sf = scales_f32(s);
     std::vector<float> mf;
     if (!m_h.is_none()) mf = scales_f32(int_scales(m_h, E, N, K, group, true, "mins"));
+    const std::vector<int32_t> kp = k_perm_arg(kp_h, E, K);
     py::gil_scoped_release nogil;
-    return share(pack_int8(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
-                           mf.empty() ? nullptr : mf.data()));
-  }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("mins"));
+    return with_k_perm(pack_int8(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
+                                 mf.empty() ? nullptr : mf.data()), kp);
+  }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("mins"), py::arg("k_perm") = py::none());
 
   m.def("pack_fp8", [](py::handle w_h, py::handle s_h, int64_t bn, int64_t bk) {
     auto w = array_arg(w_h, "weight", {ElemType::kU8}, 3);

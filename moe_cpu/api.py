@@ -49,9 +49,42 @@ def _codebook_arg(codebook: object) -> object:
     return np.array(vals, np.int8)
 
 
+def _act_order(qweight: object, g_idx: object, group_size: int) -> Tuple[object, Optional[np.ndarray]]:
+    """GPTQ act-order: (qweight with each expert's channels sorted by group, k_perm int32 [E, K]),
+    or (qweight, None) without g_idx or when it is the identity (groups already contiguous)."""
+    if g_idx is None or not isinstance(qweight, np.ndarray) or qweight.ndim != 3:
+        return qweight, None   # without g_idx, or a qweight that the core reports
+    E, N, K = qweight.shape
+    if not isinstance(g_idx, np.ndarray) or g_idx.dtype.kind not in "iu":
+        raise TypeError(f"g_idx must be an integer numpy array [E, K] or [K], got "
+                        f"{getattr(g_idx, 'dtype', type(g_idx).__name__)}")
+    if g_idx.shape == (K,):
+        g_idx = np.broadcast_to(g_idx, (E, K))
+    if g_idx.shape != (E, K):
+        raise ValueError(f"g_idx has shape {list(g_idx.shape)} but [E={E}, K={K}] or [K] was expected")
+    if not isinstance(group_size, int) or group_size <= 0 or K % group_size:
+        raise ValueError(f"g_idx (act-order) needs a group_size > 0 that divides K = {K}, got {group_size}")
+    G = K // group_size
+    bad = np.argwhere((g_idx < 0) | (g_idx >= G))
+    if len(bad):
+        e, k = bad[0]
+        raise ValueError(f"g_idx[{e}, {k}] = {g_idx[e, k]} is not a group index in [0, {G})")
+    counts = np.zeros((E, G), np.int64)
+    np.add.at(counts, (np.arange(E)[:, None], g_idx), 1)
+    bad = np.argwhere(counts != group_size)
+    if len(bad):
+        e, gi = bad[0]
+        raise ValueError(f"g_idx[{e}] is not a valid group map: group {gi} has {counts[e, gi]} input channels, "
+                         f"every group must have group_size = {group_size}")
+    perm = np.argsort(g_idx, axis=1, kind="stable").astype(np.int32)
+    if (perm == np.arange(K, dtype=np.int32)).all():
+        return qweight, None
+    return np.take_along_axis(qweight, perm[:, None, :], axis=2), perm
+
+
 def pack_int4(qweight: np.ndarray, scales: np.ndarray, group_size: int = 128,
               zeros: Optional[np.ndarray] = None, *, codebook: object = None,
-              mins: Optional[np.ndarray] = None) -> PackedExperts:
+              mins: Optional[np.ndarray] = None, g_idx: Optional[np.ndarray] = None) -> PackedExperts:
     """Pack pre-quantized INT4 expert weights for the W4A8 scheme.
 
     Args:
@@ -64,22 +97,31 @@ def pack_int4(qweight: np.ndarray, scales: np.ndarray, group_size: int = 128,
             IQ4_NL's table, MXFP4's e2m1 values times 2, or ``range(16)`` for unsigned codes.
             Not with ``zeros``.
         mins: optional float32 ``[E, N, K // group_size]`` group offsets, subtracted after scaling.
+        g_idx: optional int ``[E, K]`` (or ``[K]`` for all experts), GPTQ act-order: input channel k
+            belongs to scale group ``g_idx[e, k]`` (each group holding group_size channels). The
+            channels are sorted by group at pack time; ``fused_experts`` gathers the activations in
+            that order (``form`` ends in ``+act_order``). ``unpack()`` / ``unpack_quantized()`` give
+            the original channel order (and ``g_idx``). An identity map packs as without g_idx.
 
     Returns:
         PackedExperts; the dequantized weight is ``value * scale - min``, with value = q (symmetric),
         q - zero (zero points) or codebook[q], and min = 0 without ``mins``.
     """
-    return _core.pack_int4(qweight, _bf16_bits(scales), _int_arg(group_size, "group_size"), zeros,
-                           _codebook_arg(codebook), None if mins is None else _bf16_bits(mins))
+    g = _int_arg(group_size, "group_size")
+    qweight, k_perm = _act_order(qweight, g_idx, g)
+    return _core.pack_int4(qweight, _bf16_bits(scales), g, zeros,
+                           _codebook_arg(codebook), None if mins is None else _bf16_bits(mins), k_perm)
 
 
 def pack_int8(qweight: np.ndarray, scales: np.ndarray, group_size: int = -1, *,
-              mins: Optional[np.ndarray] = None) -> PackedExperts:
+              mins: Optional[np.ndarray] = None, g_idx: Optional[np.ndarray] = None) -> PackedExperts:
     """Pack INT8 expert weights (W8A8). scales: float32 ``[E, N]`` or ``[E, N, 1]`` per channel,
     or ``[E, N, K // group_size]`` with a group size that divides K (16 for GGUF Q6_K).
-    mins: optional float32 group offsets of the scales' shape; the weight is ``q * scale - min``."""
-    return _core.pack_int8(qweight, _bf16_bits(scales), _int_arg(group_size, "group_size"),
-                           None if mins is None else _bf16_bits(mins))
+    mins: optional float32 group offsets of the scales' shape; the weight is ``q * scale - min``.
+    g_idx: optional act-order group map, as in ``pack_int4``."""
+    g = _int_arg(group_size, "group_size")
+    qweight, k_perm = _act_order(qweight, g_idx, g)
+    return _core.pack_int8(qweight, _bf16_bits(scales), g, None if mins is None else _bf16_bits(mins), k_perm)
 
 
 def _block(block_size: object) -> Tuple[int, int]:

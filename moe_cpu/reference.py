@@ -211,7 +211,8 @@ class RefWeights:
     e4m3fn codes (fp8) or uint16 bits (bf16). scales: float32 [E,N,G] (int), [E,ceil(N/bn),ceil(K/bk)] (fp8),
     None (bf16). zeros: uint8 [E,N,G] or None. group_size: g or -1 (int schemes). block: (bn, bk) for fp8.
     codebook: int4 only, 16 ints: the value of each code, or None. mins: float32 [E,N,G] group offsets
-    (the weight is value * scale - min), or None.
+    (the weight is value * scale - min), or None. g_idx: int [E,K] (int schemes, GPTQ act-order): the
+    scale group of each input channel, or None for contiguous groups (channel k in group k // g).
     """
     scheme: str
     codes: np.ndarray
@@ -221,6 +222,7 @@ class RefWeights:
     block: tuple | None = None
     codebook: np.ndarray | None = None
     mins: np.ndarray | None = None
+    g_idx: np.ndarray | None = None
 
     @property
     def shape(self):
@@ -232,24 +234,25 @@ class RefWeights:
         return self.codes.shape[2] if self.group_size == -1 else self.group_size
 
     @classmethod
-    def int4(cls, qweight, scales, group_size=128, zeros=None, codebook=None, mins=None):
+    def int4(cls, qweight, scales, group_size=128, zeros=None, codebook=None, mins=None, g_idx=None):
         """int4_w4a8: qweight int8 [-8,7] (or uint8 [0,15] with zeros or codebook), scales f32/bf16 [E,N,G]."""
-        return cls._int("int4_w4a8", qweight, scales, group_size, zeros, codebook, mins)
+        return cls._int("int4_w4a8", qweight, scales, group_size, zeros, codebook, mins, g_idx)
 
     @classmethod
-    def int8(cls, qweight, scales, group_size=-1, mins=None):
+    def int8(cls, qweight, scales, group_size=-1, mins=None, g_idx=None):
         """int8_w8a8: qweight int8, scales [E,N], [E,N,1] or [E,N,K//g]."""
-        return cls._int("int8_w8a8", qweight, scales, group_size, None, None, mins)
+        return cls._int("int8_w8a8", qweight, scales, group_size, None, None, mins, g_idx)
 
     @classmethod
-    def _int(cls, scheme, qweight, scales, group_size, zeros, codebook=None, mins=None):
+    def _int(cls, scheme, qweight, scales, group_size, zeros, codebook=None, mins=None, g_idx=None):
         q = np.asarray(qweight)
         E, N, K = q.shape
         s = to_float32_values(scales).reshape(E, N, -1)
         z = None if zeros is None else np.asarray(zeros).astype(np.uint8).reshape(E, N, -1)
         cb = None if codebook is None else np.asarray(codebook, np.int64).reshape(16)
         m = None if mins is None else to_float32_values(mins).reshape(E, N, -1)
-        w = cls(scheme, q, s, z, int(group_size), None, cb, m)
+        gi = None if g_idx is None else np.broadcast_to(np.asarray(g_idx, np.int64), (E, K))
+        w = cls(scheme, q, s, z, int(group_size), None, cb, m, gi)
         if s.shape[2] != K // w.group:
             raise ValueError(f"scales {s.shape} do not match K={K} and group_size={group_size}")
         return w
@@ -291,17 +294,23 @@ class RefWeights:
         if self.codebook is not None:
             return self.codebook[q]
         if self.zeros is not None:
-            q = q - np.repeat(self.zeros[e].astype(np.int64), self.group, axis=1)
+            q = q - self._per_channel(self.zeros[e].astype(np.int64), e)
         return q
+
+    def _per_channel(self, v, e):
+        """Group values v [N,G] of expert e spread to its channels [N,K]."""
+        if self.g_idx is None:
+            return np.repeat(v, self.group, axis=1)
+        return v[:, self.g_idx[e]]
 
     def dequantize(self):
         """float64 [E,N,K]: (q - zero) * scale, e4m3(code) * scale_inv, or the bf16 value (all exact)."""
         E, N, K = self.codes.shape
         if self.scheme in ("int4_w4a8", "int8_w8a8"):
-            q = np.stack([self._int_codes(e) for e in range(E)]).astype(np.float64)
-            w = q * np.repeat(self.scales.astype(np.float64), self.group, axis=2)
+            w = np.stack([self._int_codes(e) * self._per_channel(self.scales[e].astype(np.float64), e)
+                          for e in range(E)])
             if self.mins is not None:
-                w -= np.repeat(self.mins.astype(np.float64), self.group, axis=2)
+                w -= np.stack([self._per_channel(self.mins[e].astype(np.float64), e) for e in range(E)])
             return w
         if self.scheme == "fp8_w8a16":
             bn, bk = self.block
@@ -321,14 +330,14 @@ class RefWeights:
         N = self.codes.shape[1]
         if self.scheme in ("int4_w4a8", "int8_w8a8"):
             qa, sa = quantize_activations_int8(a)
-            g = self.group
-            G = K // g
-            qa_g = qa.astype(np.int64).reshape(R, G, g).transpose(1, 0, 2)          # [G,R,g]
-            qw_g = self._int_codes(e).reshape(N, G, g).transpose(1, 2, 0)           # [G,g,N]
-            dots = np.matmul(qa_g, qw_g).astype(np.float64)                         # exact int64
+            G = K // self.group
+            # channel k belongs to group k // g, or g_idx[e, k] (act-order): exact int64 dots per group
+            grp = np.arange(K) // self.group if self.g_idx is None else self.g_idx[e]
+            qa64, qw = qa.astype(np.int64), self._int_codes(e)
+            dots = np.stack([qa64[:, grp == gi] @ qw[:, grp == gi].T for gi in range(G)]).astype(np.float64)
             y = np.einsum("grn,ng->rn", dots, self.scales[e].astype(np.float64))
             if self.mins is not None:   # sum over k of a * min = min * (group code sum) * row scale
-                asum = qa.astype(np.int64).reshape(R, G, g).sum(axis=2).astype(np.float64)   # [R,G]
+                asum = np.stack([qa64[:, grp == gi].sum(axis=1) for gi in range(G)], axis=1).astype(np.float64)
                 y -= asum @ self.mins[e].astype(np.float64).T
             return y * sa.astype(np.float64)[:, None]
         ab = bf16_round(a).astype(np.float64)

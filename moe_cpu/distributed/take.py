@@ -20,12 +20,13 @@ def take_experts(w: PackedExperts, ids: Sequence[int]) -> Optional[PackedExperts
     if not ids:
         return None
     d = w.unpack_quantized()
-    sub = {k: (np.ascontiguousarray(v[ids]) if isinstance(v, np.ndarray) and v.ndim == 3 else v) for k, v in d.items()}
+    per_expert = ("qweight", "scales", "zeros", "mins", "g_idx", "weight", "scale_inv")
+    sub = {k: (np.ascontiguousarray(v[ids]) if k in per_expert and v is not None else v) for k, v in d.items()}
     if w.scheme == "int4_w4a8":
         return api.pack_int4(sub["qweight"], sub["scales"], w.group_size, sub.get("zeros"),
-                             codebook=sub.get("codebook"), mins=sub.get("mins"))
+                             codebook=sub.get("codebook"), mins=sub.get("mins"), g_idx=sub.get("g_idx"))
     if w.scheme == "int8_w8a8":
-        return api.pack_int8(sub["qweight"], sub["scales"], w.group_size, mins=sub.get("mins"))
+        return api.pack_int8(sub["qweight"], sub["scales"], w.group_size, mins=sub.get("mins"), g_idx=sub.get("g_idx"))
     if w.scheme == "fp8_w8a16":
         return api.pack_fp8(sub["weight"], sub["scale_inv"], tuple(w.block_size))
     return api.pack_bf16(sub["weight"])

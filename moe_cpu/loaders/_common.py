@@ -16,8 +16,8 @@ from .. import api
 from .._core import PackedExperts
 from .config import MoEConfig
 
-__all__ = ["LayerWeights", "Part", "Source", "resolve_scheme", "resolve_pair", "build_experts", "bf16_bits_to_f32",
-           "check_expert_ids"]
+__all__ = ["LayerWeights", "Part", "Source", "Stack", "resolve_scheme", "resolve_pair", "build_experts", "build_pair",
+           "fold_act_order", "bf16_bits_to_f32", "check_expert_ids"]
 
 INT_SCHEMES = ("int4_w4a8", "int8_w8a8")
 # MXFP4's e2m1 values times 2 (integers), so a block's weight is MXFP4_VALUES[q] * 2^(e8m0 - 128).
@@ -75,8 +75,10 @@ class LayerWeights:
 class Part:
     """One expert's slice of a projection, rows [r0, r0 + n) of the stacked tensor.
 
-    kind "int": q int8 ``[n, K]`` (with ``codebook``: uint8 indices) and scales float32 ``[n, G]``,
-    optional mins float32 ``[n, G]`` (the weight is value * scale - min); "fp8": q uint8 e4m3fn codes
+    kind "int": q int8 ``[n, K]`` (with ``codebook`` or ``zeros``: uint8 codes) and scales float32
+    ``[n, G]``, optional mins float32 ``[n, G]`` (the weight is value * scale - min), zeros uint8
+    ``[n, G]`` (the weight is (u - zero) * scale), g_idx int ``[K]`` (GPTQ act-order: the group of
+    each input channel); "fp8": q uint8 e4m3fn codes
     and scales float32 ``[ceil(n/bn), ceil(K/bk)]`` with ``bn`` given; "float": q float32 ``[n, K]``.
     """
     kind: str
@@ -85,6 +87,8 @@ class Part:
     bn: int = 0
     mins: Optional[np.ndarray] = None
     codebook: Optional[Tuple[int, ...]] = None
+    zeros: Optional[np.ndarray] = None
+    g_idx: Optional[np.ndarray] = None
 
 
 @dataclass
@@ -94,7 +98,7 @@ class Source:
     native: the scheme its data is in ("int4_w4a8", "int8_w8a8", "fp8_w8a16") or "float";
     group: int group size (-1 per channel) or fp8 (bn, bk); read(e) -> Part of expert e.
     codebook: int4 whose codes index 16 values (GGUF IQ4_NL / IQ4_XS / MXFP4 / Q4_K), else None;
-    mins: True when its parts carry group offsets.
+    mins: True when its parts carry group offsets; zeros: zero points; act_order: a g_idx.
     """
     name: str
     rows: int
@@ -103,6 +107,8 @@ class Source:
     read: Callable[[int], Part]
     codebook: Optional[Tuple[int, ...]] = None
     mins: bool = False
+    zeros: bool = False
+    act_order: bool = False
 
 
 def check_expert_ids(experts: Optional[Sequence[int]], E: int) -> Optional[Tuple[int, ...]]:
@@ -189,6 +195,19 @@ def _stack_group(sources: Sequence[Source], scheme: str, group_size: Optional[in
     return g
 
 
+@dataclass
+class Stack:
+    """The codes and scales of one projection for the experts being loaded, before packing."""
+    scheme: str
+    group: object
+    q: np.ndarray
+    scales: Optional[np.ndarray]
+    mins: Optional[np.ndarray] = None
+    zeros: Optional[np.ndarray] = None
+    g_idx: Optional[np.ndarray] = None
+    codebook: Optional[Tuple[int, ...]] = None
+
+
 def build_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: str,
                   group_size: Optional[int] = None, block: Tuple[int, int] = (128, 128),
                   experts: Optional[Sequence[int]] = None) -> PackedExperts:
@@ -199,6 +218,47 @@ def build_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: 
     with ``quantize_experts`` on that expert alone ([1, N, K]), which is bit-exact with quantizing the
     whole stacked layer at once (groups and blocks never cross experts).
     """
+    st = gather_experts(sources, E, K, scheme, what, group_size, block, experts)
+    return None if st is None else pack_stack(st, what)
+
+
+def build_pair(w13: Sequence[Source], w2: Sequence[Source], E: int, H: int, I: int, schemes: Tuple[str, str],
+               what: Tuple[str, str], group_size: Optional[int] = None, block: Tuple[int, int] = (128, 128),
+               experts: Optional[Sequence[int]] = None) -> Tuple[PackedExperts, PackedExperts, Optional[np.ndarray]]:
+    """(w13, w2, rows) of a layer's gate/up and down sources. A GPTQ act-order w2 is folded into w13
+    (``fold_act_order``): rows [E, 2I] is then the w13 row order (for w13_bias), else None."""
+    s13 = gather_experts(w13, E, H, schemes[0], what[0], group_size, block, experts)
+    s2 = gather_experts(w2, E, I, schemes[1], what[1], group_size, block, experts)
+    if s13 is None:
+        return None, None, None
+    rows = fold_act_order(s13, s2, I)
+    return pack_stack(s13, what[0]), pack_stack(s2, what[1]), rows
+
+
+def fold_act_order(s13: Stack, s2: Stack, I: int) -> Optional[np.ndarray]:
+    """Act-order w2 at no run-time cost: sort each expert's w2 input channels by group (contiguous
+    groups, no g_idx left) and permute w13's gate and up rows the same way, so that GEMM1 writes its
+    output in w2's order. Returns the w13 row order [E, 2I], or None when w2 has no g_idx."""
+    if s2.g_idx is None:
+        return None
+    if s13.q.shape[1] != 2 * I or s13.scheme not in INT_SCHEMES:
+        raise ValueError(f"act-order w2 needs separate int gate / up rows in w13 ([2I = {2 * I}, H]), got "
+                         f"{s13.scheme} with {s13.q.shape[1]} rows")
+    perm = np.argsort(s2.g_idx, axis=1, kind="stable")                     # [E, I]
+    s2.q = np.take_along_axis(s2.q, perm[:, None, :], axis=2)
+    s2.g_idx = None
+    rows = np.concatenate([perm, perm + I], axis=1)                        # [E, 2I]
+    for name in ("q", "scales", "mins", "zeros"):
+        a = getattr(s13, name)
+        if a is not None:
+            setattr(s13, name, np.take_along_axis(a, rows[:, :, None], axis=1))
+    return rows
+
+
+def gather_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: str,
+                   group_size: Optional[int] = None, block: Tuple[int, int] = (128, 128),
+                   experts: Optional[Sequence[int]] = None) -> Optional[Stack]:
+    """The Stack of ``sources`` for experts 0..E-1 (or ``experts``), read one expert at a time."""
     ids = list(range(E)) if experts is None else [int(e) for e in experts]
     E = len(ids)
     if E == 0:   # a rank that holds no experts of this layer
@@ -208,14 +268,23 @@ def build_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: 
     from_float = sources[0].native == "float"
     # int4 kept as int4 stores codebook indices when the sources have a codebook (all the same one)
     codebook = sources[0].codebook if scheme == "int4_w4a8" and not from_float else None
-    m = None
+    m = z = gi = None
     if scheme in INT_SCHEMES:
         if not (g == -1 or (isinstance(g, int) and g > 0 and K % g == 0)):
             raise ValueError(f"{what}: group_size = {g} must divide K = {K} (or be -1)")
-        q = np.empty((E, N, K), np.uint8 if codebook is not None else np.int8)
+        zp = [src.zeros for src in sources]
+        if any(zp) and not all(zp):
+            raise ValueError(f"{what}: tensors {', '.join(s.name for s in sources)} mix zero-point and "
+                             "symmetric weights")
+        keep_zeros = all(zp) and not from_float and scheme == "int4_w4a8"
+        q = np.empty((E, N, K), np.uint8 if codebook is not None or keep_zeros else np.int8)
         s = np.empty((E, N, 1 if g == -1 else K // g), np.float32)
         if any(src.mins for src in sources):
             m = np.zeros(s.shape, np.float32)
+        if keep_zeros:
+            z = np.empty(s.shape, np.uint8)
+        if any(src.act_order for src in sources) and not from_float:
+            gi = np.empty((E, K), np.int32)
     elif scheme == "fp8_w8a16":
         q = np.empty((E, N, K), np.uint8)
         s = np.empty((E, -(-N // g[0]), -(-K // g[1])), np.float32)
@@ -234,13 +303,23 @@ def build_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: 
             if s is not None:
                 s[e] = d.get("scales", d.get("scale_inv"))[0]
             continue
+        if gi is not None:
+            _set_g_idx(gi, e, eid, sources, parts, what)
         r0 = 0
         for src, p in zip(sources, parts):
             n = src.rows
+            if scheme in INT_SCHEMES and p.scales.shape[1] != s.shape[2] and (gi is not None or p.zeros is not None):
+                raise ValueError(f"{what}: {src.name} has groups of K / {p.scales.shape[1]}, which the stack "
+                                 f"would split into K / {s.shape[2]}; zero points and g_idx need one group size")
             if scheme == "int8_w8a8" and p.codebook is not None:   # int4 indices widened to their int8 values
                 q[e, r0:r0 + n] = np.asarray(p.codebook, np.int8)[p.q]
+            elif scheme == "int8_w8a8" and p.zeros is not None:    # u - zero fits int8 (lossless)
+                grp = np.arange(K) // (K // p.zeros.shape[1]) if p.g_idx is None else p.g_idx
+                q[e, r0:r0 + n] = (p.q.astype(np.int16) - p.zeros[:, grp]).astype(np.int8)
             else:
                 q[e, r0:r0 + n] = p.q
+            if z is not None:
+                z[e, r0:r0 + n] = p.zeros
             if scheme in INT_SCHEMES:   # source groups may be coarser than the stack's: repeat their scales
                 rep = s.shape[2] // p.scales.shape[1]
                 s[e, r0:r0 + n] = np.repeat(p.scales, rep, axis=1) if rep > 1 else p.scales
@@ -251,14 +330,32 @@ def build_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: 
                 rows = (np.arange(-(-n // bn)) * bn) // p.bn
                 s[e, r0 // bn: r0 // bn + len(rows)] = p.scales[rows]
             r0 += n
+    if z is not None and (z == 8).all():   # zero point 8 everywhere (GPTQ sym): symmetric int4, no zeros
+        q, z = (q.astype(np.int16) - 8).astype(np.int8), None
+    return Stack(scheme, g, q, s, m, z, gi, codebook)
+
+
+def _set_g_idx(gi: np.ndarray, e: int, eid: int, sources: Sequence[Source], parts: Sequence[Part], what: str) -> None:
+    """Expert e's g_idx: the same for every source of the stack (gate and up share their input)."""
+    K = gi.shape[1]
+    for src, p in zip(sources, parts):
+        g = np.arange(K) // (K // p.scales.shape[1]) if p.g_idx is None else p.g_idx
+        if src is sources[0]:
+            gi[e] = g
+        elif not np.array_equal(gi[e], g):
+            raise ValueError(f"{what}: expert {eid}: {src.name} has a different g_idx from {sources[0].name}; "
+                             "their act-order permutations must match to share one packed input order")
+
+
+def pack_stack(st: Stack, what: str) -> PackedExperts:
     try:
-        if scheme == "int4_w4a8":
-            return api.pack_int4(q, s, group_size=g, codebook=codebook, mins=m)
-        if scheme == "int8_w8a8":
-            return api.pack_int8(q, s, group_size=g, mins=m)
-        if scheme == "fp8_w8a16":
-            return api.pack_fp8(q, s, block_size=g)
-        return api.pack_bf16(q)
+        if st.scheme == "int4_w4a8":
+            return api.pack_int4(st.q, st.scales, group_size=st.group, zeros=st.zeros, codebook=st.codebook,
+                                 mins=st.mins, g_idx=st.g_idx)
+        if st.scheme == "int8_w8a8":
+            return api.pack_int8(st.q, st.scales, group_size=st.group, mins=st.mins, g_idx=st.g_idx)
+        if st.scheme == "fp8_w8a16":
+            return api.pack_fp8(st.q, st.scales, block_size=st.group)
+        return api.pack_bf16(st.q)
     except ValueError as err:
         raise ValueError(f"{what}: {err}") from None
-

@@ -12,7 +12,13 @@ Supported expert weights:
 Naming: ``model.layers.L.mlp.experts.N.{gate,up,down}_proj`` (Qwen, DeepSeek), Mixtral's
 ``block_sparse_moe.experts.N.{w1,w3,w2}``, gpt-oss' fused ``mlp.experts.gate_up_proj`` [E, H, 2I]
 (interleaved gate/up) and ``down_proj`` [E, I, H] with biases and ``mlp.router.{weight,bias}``, or
-  the release's MXFP4 ``*_blocks`` / ``*_scales`` (int4 with the MXFP4 codebook, lossless).
+  the release's MXFP4 ``*_blocks`` / ``*_scales`` (int4 with the MXFP4 codebook, lossless);
+- GPTQ (``quant_method`` gptq, 4-bit; ``qweight`` int32 [K/8, N] packed along K, ``qzeros`` int32
+  [G, N/8] packed along N, lowest nibble first, float16 ``scales`` [G, N], ``g_idx`` [K]; zero points
+  stored minus one in ``checkpoint_format`` gptq (v1), as they are in gptq_v2; ``desc_act`` act-order)
+  and AWQ (``quant_method`` awq, GEMM version: ``qweight`` int32 [K, N/8] and ``qzeros`` [G, N/8]
+  packed along N in AWQ's nibble order 0 2 4 6 1 3 5 7, float16 ``scales`` [G, N]): int4 with zero
+  points, losslessly (symmetric int4 when every zero point is 8).
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._common import (MXFP4_VALUES, LayerWeights, mxfp4_scales, Part, Source, bf16_bits_to_f32, build_experts,
+from ._common import (MXFP4_VALUES, LayerWeights, mxfp4_scales, Part, Source, bf16_bits_to_f32, build_pair,
                       check_expert_ids, resolve_scheme)
 from .config import config_from_hf
 
@@ -192,6 +198,70 @@ def _unpack_int32(packed: np.ndarray, bits: int, K: int) -> np.ndarray:
     return (vals - (1 << (bits - 1))).astype(np.int8)
 
 
+# ------------------------------------------------------------------------------- GPTQ / AWQ
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)   # nibble i of an AWQ int32 holds column 8c + AWQ_ORDER[i]
+
+
+def _nibbles(packed: np.ndarray) -> np.ndarray:
+    """int32 [R, C] -> uint8 [R, C, 8]: nibble i is bits [4i, 4i + 4)."""
+    return ((packed.view(np.uint32)[:, :, None] >> (np.arange(8, dtype=np.uint32) * 4)) & 15).astype(np.uint8)
+
+
+def _unpack_cols(packed: np.ndarray, n: int, awq: bool) -> np.ndarray:
+    """int32 [R, ceil(n/8)] packed along columns -> uint8 [R, n]."""
+    nib = _nibbles(packed)
+    if awq:
+        out = np.empty_like(nib)
+        out[:, :, list(AWQ_ORDER)] = nib
+        nib = out
+    return nib.reshape(packed.shape[0], -1)[:, :n]
+
+
+def _int4_config(qc: Dict[str, Any], name: str, K: int) -> Tuple[str, int, bool]:
+    """(method "gptq" / "awq", group size or -1, GPTQ v1 zero points) from quantization_config."""
+    meth = qc.get("quant_method")
+    if meth not in ("gptq", "awq"):
+        raise ValueError(f"tensor {name}: found, but config.json quantization_config quant_method is {meth!r} "
+                         "(expected 'gptq' or 'awq')")
+    bits = qc.get("bits", qc.get("w_bit"))
+    if bits != 4:
+        raise ValueError(f"tensor {name}: config.json quantization_config bits = {bits!r}; only 4-bit {meth} "
+                         "checkpoints are supported")
+    g = qc.get("group_size", qc.get("q_group_size", 128))
+    if not isinstance(g, int) or not (g == -1 or g > 0):
+        raise ValueError(f"tensor {name}: config.json quantization_config group_size = {g!r} must be a positive "
+                         "int or -1")
+    if g > 0 and K % g:
+        raise ValueError(f"tensor {name}: group_size = {g} does not divide the input features K = {K}")
+    v1 = False
+    if meth == "awq":
+        ver = str(qc.get("version", "gemm")).lower()
+        if ver != "gemm":
+            raise ValueError(f"tensor {name}: AWQ version {ver!r} is not supported (only the GEMM layout)")
+        if not qc.get("zero_point", True):
+            raise ValueError(f"tensor {name}: AWQ without zero points (zero_point false) is not supported")
+    else:
+        fmt = qc.get("checkpoint_format", "gptq")
+        if fmt not in ("gptq", "gptq_v2"):
+            raise ValueError(f"tensor {name}: GPTQ checkpoint_format {fmt!r} is not supported (gptq or gptq_v2)")
+        v1 = fmt == "gptq"
+    return meth, g, v1
+
+
+def _check_g_idx(gi: np.ndarray, name: str, G: int, g: int) -> np.ndarray:
+    """A GPTQ g_idx [K] must map exactly g input channels to each of the G groups."""
+    gi = gi.astype(np.int64)
+    if gi.min() < 0 or gi.max() >= G:
+        k = int(np.argmax((gi < 0) | (gi >= G)))
+        raise ValueError(f"tensor {name}: entry {k} = {gi[k]} is not a group index in [0, {G})")
+    counts = np.bincount(gi, minlength=G)
+    if (counts != g).any():
+        bad = int(np.argmax(counts != g))
+        raise ValueError(f"tensor {name}: not a valid group map: group {bad} has {counts[bad]} input channels "
+                         f"(expected group_size = {g})")
+    return gi.astype(np.int32)
+
+
 # ------------------------------------------------------------------------------- sources
 class _Layer:
     """The tensors of one layer: builds a Source per projection."""
@@ -202,6 +272,8 @@ class _Layer:
     def source(self, label: str, module, N: int, K: int) -> Source:
         """Source for modules ``module(e)`` holding [N, K] weights; kind from expert 0's tensors."""
         ck, m0 = self.ck, module(0)
+        if ck.has(m0 + ".qweight"):
+            return self.gptq_awq(label, module, N, K)
         if ck.has(m0 + ".weight_packed") or (ck.has(m0 + ".weight") and ck.info(m0 + ".weight")[0] == "I8"):
             packed = ck.has(m0 + ".weight_packed")
             w, fmt = _ct_args(self.qc, m0)
@@ -264,6 +336,34 @@ class _Layer:
                 raise ValueError(f"tensor {m0}.weight: dtype {dt} but one of {list(FLOAT)} (or compressed-tensors "
                                  "int8 / DeepSeek F8_E4M3 with weight_scale_inv) was expected")
         return Source(label, N, "float", -1, read)   # a missing tensor raises on read
+
+    def gptq_awq(self, label: str, module, N: int, K: int) -> Source:
+        """GPTQ or AWQ int4 [N, K] per module: uint8 codes, zero points and scales (and g_idx)."""
+        ck, m0 = self.ck, module(0)
+        meth, g, v1 = _int4_config(self.qc, m0 + ".qweight", K)
+        G = 1 if g == -1 else K // g
+        awq = meth == "awq"
+        act = not awq and (bool(self.qc.get("desc_act")) or ck.has(m0 + ".g_idx"))
+        if awq and ck.has(m0 + ".g_idx"):
+            raise ValueError(f"tensor {m0}.g_idx: AWQ checkpoints have no act-order")
+
+        def read(e: int) -> Part:
+            m = module(e)
+            if awq:
+                qw = ck.read(m + ".qweight", (K, -(-N // 8)), ["I32"], what=label)
+                q = np.ascontiguousarray(_unpack_cols(qw, N, True).T)
+            else:
+                qw = ck.read(m + ".qweight", (-(-K // 8), N), ["I32"], what=label)
+                q = np.ascontiguousarray(_nibbles(qw).transpose(1, 0, 2).reshape(N, -1)[:, :K])
+            z = _unpack_cols(ck.read(m + ".qzeros", (G, -(-N // 8)), ["I32"], what=label), N, awq)
+            if v1:   # GPTQ v1 stores zero - 1
+                z = (z + 1) & 15
+            s = _to_f32(ck.read(m + ".scales", (G, N), ("F16", "F32", "BF16"), what=label))
+            gi = None
+            if act:   # a missing g_idx raises naming the tensor
+                gi = _check_g_idx(ck.read(m + ".g_idx", (K,), ["I32", "I64"], what=label), m + ".g_idx", G, g)
+            return Part("int", q, np.ascontiguousarray(s.T), zeros=np.ascontiguousarray(z.T), g_idx=gi)
+        return Source(label, N, "int4_w4a8", g, read, zeros=True, act_order=act)
 
     def fused(self, label: str, name: str, rows: int, K: int, E: int) -> Source:
         """gpt-oss: one [E, K, rows] tensor, transposed per expert to [rows, K]."""
@@ -361,8 +461,10 @@ def load_safetensors_layer(path: Any, layer_idx: int, scheme: Optional[str] = No
     what = f"layer {layer_idx} routed experts"
     sch = resolve_scheme(w13_src + w2_src, scheme, what)
     ids = check_expert_ids(experts, E)
-    w13 = build_experts(w13_src, E, H, sch, f"w13 ({w13_src[0].name}, ...)", group_size, block_size, ids)
-    w2 = build_experts(w2_src, E, I, sch, f"w2 ({w2_src[0].name})", group_size, block_size, ids)
+    w13, w2, rows = build_pair(w13_src, w2_src, E, H, I, (sch, sch), (f"w13 ({w13_src[0].name}, ...)",
+                               f"w2 ({w2_src[0].name})"), group_size, block_size, ids)
+    if rows is not None and w13_bias is not None:
+        raise ValueError(f"{w2_src[0].name}: act-order with expert biases is not supported")
     gate = lay.vector(router + "weight", (E, H))
     if ck.has(router + "bias"):
         gate_bias = lay.vector(router + "bias", (E,))
@@ -376,12 +478,15 @@ def load_safetensors_layer(path: Any, layer_idx: int, scheme: Optional[str] = No
     shared = [None, None]
     shared_gate = None
     sbase = next((base + s for s in ("shared_experts.", "shared_expert.")
-                  if any(ck.has(f"{base}{s}gate_proj.{t}") for t in ("weight", "weight_packed"))), None)
+                  if any(ck.has(f"{base}{s}gate_proj.{t}") for t in ("weight", "weight_packed", "qweight"))), None)
     if sbase is None and conf.shared_intermediate_size:
         raise ValueError(f"missing tensor {base}shared_experts.gate_proj.weight (or shared_expert.*): "
                          f"config.json declares a shared expert")
     if sbase is not None:
         t = sbase + "gate_proj." + ("weight" if ck.has(sbase + "gate_proj.weight") else "weight_packed")
+        if not conf.shared_intermediate_size and ck.has(sbase + "gate_proj.qweight"):
+            raise ValueError(f"tensor {sbase}gate_proj.qweight: config.json must give the shared expert's "
+                             "intermediate size (shared_expert_intermediate_size or n_shared_experts)")
         Is = conf.shared_intermediate_size or ck.info(t)[1][0]
         conf.shared_intermediate_size = Is
         smod = lambda p: (lambda e: f"{sbase}{p}")  # noqa: E731
@@ -389,8 +494,8 @@ def load_safetensors_layer(path: Any, layer_idx: int, scheme: Optional[str] = No
                lay.source(f"{sbase}up_proj", smod("up_proj"), Is, H)]
         s2 = [lay.source(f"{sbase}down_proj", smod("down_proj"), H, Is)]
         ssch = resolve_scheme(s13 + s2, scheme, f"layer {layer_idx} shared expert")
-        shared = [build_experts(s13, 1, H, ssch, f"shared_w13 ({sbase}gate_proj, up_proj)", group_size, block_size),
-                  build_experts(s2, 1, Is, ssch, f"shared_w2 ({sbase}down_proj)", group_size, block_size)]
+        shared = list(build_pair(s13, s2, 1, H, Is, (ssch, ssch), (f"shared_w13 ({sbase}gate_proj, up_proj)",
+                                 f"shared_w2 ({sbase}down_proj)"), group_size, block_size)[:2])
         if ck.has(base + "shared_expert_gate.weight"):
             shared_gate = lay.vector(base + "shared_expert_gate.weight", (1, H)).reshape(H)
     return LayerWeights(w13=w13, w2=w2, gate=gate, config=conf, w13_bias=w13_bias, w2_bias=w2_bias,

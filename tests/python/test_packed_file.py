@@ -70,7 +70,7 @@ BAD_FILES = {
     "bad_magic": (lambda d: b"NOTMOE!!" + d[8:], "bad magic"),
     "corrupted_header": (lambda d: d[:30] + bytes([d[30] ^ 1]) + d[31:], "header checksum"),
     "corrupted_weights": (lambda d: d[:5000] + bytes([d[5000] ^ 0x10]) + d[5001:], "qweight checksum"),
-    "future_version": (lambda d: _edit(d, 8, "<I", 3), "version 3"),
+    "future_version": (lambda d: _edit(d, 8, "<I", 4), "version 4"),
     "unknown_layout": (lambda d: _edit(d, 20, "<I", 99), "layout 99"),
     "shape_mismatch": (lambda d: _edit(d, 24, "<q", 5), "bytes but the header's shapes need"),
     "bad_scheme": (lambda d: _edit(d, 16, "<I", 7), "invalid header"),

@@ -112,23 +112,27 @@ def test_packed_file_round_trip(rng, tmp_path, form, mmap):
         assert (arr is None and got is None) or np.array_equal(arr, got), key
 
 
-def test_version_1_files_still_load(rng, tmp_path):
-    """A version 2 file of a form version 1 had, rewritten as version 1 wrote it (3 sections, zero
-    padding where version 2 keeps the mins and the codebook), loads to the same weights."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_versions_still_load(rng, tmp_path, version):
+    """A version 3 file of a form the older versions had, rewritten as they wrote it, loads to the same
+    weights. Version 2: 4 sections, kernel name bytes (zero here) where version 3 has the k_perm
+    section, 0 for has_k_perm. Version 1: 3 sections and zero padding from 208 on as well."""
     q = rng.integers(-8, 8, (2, 32, 64)).astype(np.int8)
     s = rng.uniform(0.5, 1, (2, 32, 2)).astype(np.float32)
     p = moe_cpu.pack_int4(q, s, 32)
-    p.save(tmp_path / "v2.moe")
-    b = bytearray((tmp_path / "v2.moe").read_bytes())
-    assert struct.unpack_from("<I", b, 8)[0] == 2
-    struct.pack_into("<I", b, 8, 1)                 # version
-    struct.pack_into("<I", b, 68, 3)                # section count
-    b[208:252] = bytes(44)                          # version 1's zero padding
+    p.save(tmp_path / "v3.moe")
+    b = bytearray((tmp_path / "v3.moe").read_bytes())
+    assert struct.unpack_from("<I", b, 8)[0] == 3
+    struct.pack_into("<I", b, 8, version)
+    struct.pack_into("<I", b, 68, 2 + version)      # section count
+    b[184:208] = bytes(24)                          # the rest of version 1 / 2's 64-byte kernel name
+    if version == 1:
+        b[208:252] = bytes(44)                      # version 1's zero padding
     struct.pack_into("<I", b, 252, zlib.crc32(bytes(b[:252])))
-    (tmp_path / "v1.moe").write_bytes(bytes(b))
-    v1 = moe_cpu.load_packed(tmp_path / "v1.moe")
-    assert v1.form == "int4"
-    np.testing.assert_array_equal(v1.unpack(), p.unpack())
+    (tmp_path / "old.moe").write_bytes(bytes(b))
+    old = moe_cpu.load_packed(tmp_path / "old.moe")
+    assert old.form == "int4"
+    np.testing.assert_array_equal(old.unpack(), p.unpack())
 
 
 @pytest.mark.parametrize("call,exc,needle", [

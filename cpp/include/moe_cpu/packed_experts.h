@@ -60,11 +60,17 @@ struct PackedExperts {
   int code_zero = 8;
   bool code_shuffle = false;
   AlignedBuffer qweight, scales, zeros, mins;
+  // int schemes, optional (GPTQ act-order): int32 [E, K]; packed input channel j of expert e is
+  // channel k_perm[e][j] of the activations (fused_experts gathers them). Empty: the identity.
+  AlignedBuffer k_perm;
   const KernelDesc* kernel = nullptr;
 
   void set_codebook(const int8_t* cb);  // fills codebook and the derived fields
-  // "int4", "int4+zeros", "int4+codebook", "int4+mins", "int8", "int8+mins", "fp8", "bf16".
+  // "int4", "int4+zeros", "int4+codebook", "int4+mins", "int8", "int8+mins", "fp8", "bf16";
+  // "+act_order" when k_perm is set.
   std::string form() const;
+  bool has_k_perm() const { return k_perm.size() > 0; }
+  const int32_t* perm_row(int64_t e) const { return k_perm.as<int32_t>() + e * in_features; }
 
   // Length along K of one scale group (K for per channel, block_k for fp8).
   // (Inline: kernels call these per scale group, and an out-of-line call spills every vector register.)
@@ -72,7 +78,7 @@ struct PackedExperts {
   int64_t num_groups() const { return group_len() > 0 ? (in_features + group_len() - 1) / group_len() : 0; }  // along K
   int64_t padded_k() const;         // K rounded up to the layout's k-step
   int64_t num_blocks() const { return (out_features + 15) / 16; }  // 16-column panels per expert
-  size_t nbytes() const { return qweight.size() + scales.size() + zeros.size() + mins.size(); }
+  size_t nbytes() const { return qweight.size() + scales.size() + zeros.size() + mins.size() + k_perm.size(); }
   // Weight panel of (expert e, column block b).
   const uint8_t* panel(int64_t e, int64_t b) const { return qweight.data() + (e * num_blocks() + b) * panel_bytes(); }
   int64_t panel_bytes() const;      // bytes of one (expert, column block) panel
@@ -87,9 +93,13 @@ struct PackedExperts {
   void code_row(int64_t e, int64_t n, uint16_t* out) const;
   // Integer weight values of row (e, n), for int schemes: codebook[u], u - zero or u - 128. out[K].
   void int_row(int64_t e, int64_t n, int8_t* out) const;
-  // Dequantized float weights of row (e, n): out[K].
+  // Dequantized float weights of row (e, n), in packed channel order: out[K].
   void dequant_row(int64_t e, int64_t n, float* out) const;
 };
+
+// Sets p.k_perm (int schemes) from perm [E, K]: each row a permutation of [0, K); ValueError else.
+// The weights must already be packed in permuted channel order (their groups contiguous).
+void set_k_perm(PackedExperts& p, const int32_t* perm);
 
 // ---- packing from pre-quantized arrays (what a checkpoint holds). All throw ValueError. ----
 // int4 q: int8 in [-8,7] when zeros and codebook are null; else codes in [0,15] (uint8 bits), with
@@ -108,7 +118,7 @@ PackedExperts pack_bf16(const uint16_t* bits, int64_t E, int64_t N, int64_t K);
 PackedExperts quantize_experts(const float* w, int64_t E, int64_t N, int64_t K, Scheme scheme,
                                int64_t group_size, int64_t block_n, int64_t block_k);
 
-// Dequantized float32 [E,N,K].
+// Dequantized float32 [E,N,K], in the activations' channel order (k_perm undone).
 void unpack(const PackedExperts& p, float* out);
 
 // ---- files (format in cpp/src/moe/serialize.cpp and docs/formats.md) ----

@@ -86,6 +86,15 @@ struct ActBuffer {
     quantize_row_int8_amax(x, K, amax, q.data() + row * Kp, &s[size_t(row)]);
     finish_int_row(row);
   }
+  // Int schemes (act-order): row `row` is row `src_row` of `src` (same weights) with its channels
+  // gathered through perm[K]; the per-token scale does not depend on the order, the group sums do.
+  void set_perm_row(int64_t row, const ActBuffer& src, int64_t src_row, const int32_t* perm) {
+    const int8_t* sr = src.q.data() + src_row * src.Kp;
+    int8_t* qr = q.data() + row * Kp;
+    for (int64_t j = 0; j < K; ++j) qr[j] = sr[perm[j]];
+    s[size_t(row)] = src.s[size_t(src_row)];
+    finish_int_row(row);
+  }
   // Int schemes, once the codes [0, K) are set: zero padding and per-group code sums.
   void finish_int_row(int64_t row) {
     int8_t* qr = q.data() + row * Kp;
@@ -286,7 +295,7 @@ void run_gemm1(const FusedMoeArgs& a, const std::vector<int64_t>& begin, const A
 // c holds GEMM1's activations [P, I] (int schemes), then (once quantized) GEMM2's output [P, H];
 // amax the int schemes' per (row, GEMM1 tile) amax bits.
 struct Scratch {
-  ActBuffer a1, a2;
+  ActBuffer a1, a2, ap;  // ap: GEMM1 or GEMM2 activations per routed row in each expert's k_perm order
   std::vector<float> c;
   std::vector<uint32_t> amax;
 };
@@ -327,15 +336,31 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   });
   std::vector<int32_t> a1_idx(static_cast<size_t>(P)), iota(static_cast<size_t>(P));
   for (int64_t p = 0; p < P; ++p) a1_idx[size_t(p)] = per_slot ? slot_of[size_t(p)] : slot_of[size_t(p)] / int32_t(k), iota[size_t(p)] = int32_t(p);
+  // Act-order weights: each routed row gathers its activation codes in its expert's channel order.
+  std::vector<int32_t> expert_of;
+  if (w13.has_k_perm() || w2.has_k_perm()) {
+    expert_of.resize(size_t(P));
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t p = begin[size_t(e)]; p < begin[size_t(e + 1)]; ++p) expert_of[size_t(p)] = int32_t(e);
+  }
+  ActBuffer& ap = scratch.ap;  // (a reference: the workers must not name their own thread_local scratch)
+  const auto permuted = [&](const PackedExperts& w, const ActBuffer& src, const int32_t* idx) -> const ActBuffer& {
+    ap.reset(w, P);
+    parallel_for(P, [&](int64_t p) { ap.set_perm_row(p, src, idx[size_t(p)], w.perm_row(expert_of[size_t(p)])); });
+    return ap;
+  };
+  const bool perm1 = w13.has_k_perm() && P > 0;
+  const ActBuffer& g1 = perm1 ? permuted(w13, a1, a1_idx.data()) : a1;
   // 3. GEMM1 with the activation and the GEMM2 activations in its epilogue (int schemes: the fp32
   // activations go to c [P, I] first).
   c.resize(static_cast<size_t>(P * std::max(I, H)));
   a2.reset(w2, P);
-  run_gemm1(a, begin, a1, a1_idx.data(), a2, c.data(), scratch.amax);
+  run_gemm1(a, begin, g1, perm1 ? iota.data() : a1_idx.data(), a2, c.data(), scratch.amax);
   // 4. GEMM2 into c [P, H] (GEMM1's output is dead: a2 holds what GEMM2 reads).
   float* c2 = c.data();
   // GEMM2 epilogue: (+ bias) * router weight (1 when it scaled the input).
-  run_gemm(w2, begin, a2, iota.data(), c2, [&](int64_t e, int64_t p, float* y, int64_t n0, int64_t n1) {
+  const ActBuffer& g2 = w2.has_k_perm() && P > 0 ? permuted(w2, a2, iota.data()) : a2;
+  run_gemm(w2, begin, g2, iota.data(), c2, [&](int64_t e, int64_t p, float* y, int64_t n0, int64_t n1) {
     const float wr = a.apply_router_weight_on_input ? 1.f : a.topk_weights[m0 * k + slot_of[size_t(p)]];
     const float* bias = a.w2_bias ? a.w2_bias + e * H : nullptr;
     if (bias) for (int64_t n = n0; n < n1; ++n) y[n] = (y[n] + bias[n]) * wr;
@@ -380,7 +405,9 @@ void fused_experts(const FusedMoeArgs& a) {
   const int64_t I = a.w2->in_features, a1_rows = a.apply_router_weight_on_input ? a.k : 1;
   const int64_t amax_row = is_int_scheme(a.w2->scheme) ? 4 * (((I + 15) / 16 + kMinTileBlocks - 1) / kMinTileBlocks) : 0;
   const int64_t per_token = a.k * std::max(I, a.H) * 4 + a.k * (act_row(*a.w2) + amax_row) +
-                            a1_rows * act_row(*a.w13) + get_num_threads() * (2 * 64 + 32) * 4;
+                            a1_rows * act_row(*a.w13) + (a.w13->has_k_perm() ? a.k * act_row(*a.w13) : 0) +
+                            (a.w2->has_k_perm() ? a.k * act_row(*a.w2) : 0) +
+                            get_num_threads() * (2 * 64 + 32) * 4;
   const int64_t most = std::max<int64_t>(1, std::min<int64_t>(a.M, get_scratch_limit() / std::max<int64_t>(1, per_token)));
   const int64_t chunks = (a.M + most - 1) / most, chunk = (a.M + chunks - 1) / chunks;  // equal chunks
   for (int64_t m0 = 0; m0 < a.M; m0 += chunk) run_chunk(a, ids, m0, std::min(a.M, m0 + chunk));

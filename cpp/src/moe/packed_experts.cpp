@@ -81,6 +81,7 @@ std::string PackedExperts::form() const {
   if (has_zeros) f += "+zeros";
   if (has_codebook) f += "+codebook";
   if (has_mins) f += "+mins";
+  if (has_k_perm()) f += "+act_order";
   return f;
 }
 
@@ -142,8 +143,33 @@ void PackedExperts::dequant_row(int64_t e, int64_t n, float* out) const {
 void unpack(const PackedExperts& p, float* out) {
   const int64_t rows = p.num_experts * p.out_features, K = p.in_features;
   parallel_for(rows, [&](int64_t r) {
-    p.dequant_row(r / p.out_features, r % p.out_features, out + r * K);
+    const int64_t e = r / p.out_features;
+    if (!p.has_k_perm()) return p.dequant_row(e, r % p.out_features, out + r * K);
+    thread_local std::vector<float> buf;
+    buf.resize(size_t(K));
+    float* row = buf.data();
+    p.dequant_row(e, r % p.out_features, row);
+    const int32_t* perm = p.perm_row(e);
+    for (int64_t j = 0; j < K; ++j) out[r * K + perm[j]] = row[j];
   });
+}
+
+void set_k_perm(PackedExperts& p, const int32_t* perm) {
+  if (!is_int_scheme(p.scheme))
+    throw ValueError(msg("an input-channel permutation (act-order) needs an int scheme, not ", scheme_name(p.scheme)));
+  const int64_t E = p.num_experts, K = p.in_features;
+  std::vector<uint8_t> seen(static_cast<size_t>(K));
+  for (int64_t e = 0; e < E; ++e) {
+    std::fill(seen.begin(), seen.end(), uint8_t(0));
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t k = perm[e * K + j];
+      if (k < 0 || k >= K || seen[size_t(k)]++)
+        throw ValueError(msg("k_perm[", e, "] is not a permutation of [0, K = ", K, "): entry ", j, " = ", k,
+                             k < 0 || k >= K ? " is out of range" : " repeats"));
+    }
+  }
+  p.k_perm = AlignedBuffer(size_t(E * K) * sizeof(int32_t));
+  std::memcpy(p.k_perm.data(), perm, size_t(E * K) * sizeof(int32_t));
 }
 
 namespace {
@@ -278,15 +304,19 @@ int64_t find_all_bits(const T* v, int64_t rows, int64_t len, int mask) {
   }, [&](int64_t i) { return (int(v[i]) & mask) == mask; });
 }
 
-// Scales (and zero points) into [E][NB][G][16] order; src(e, n, gi) gives the value.
+// Scales (and zero points) into [E][NB][G][16] order; src(e, n, gi) gives the value. Written by the
+// pool over (expert, column block) like the panels, so the pages are first-touched by the packing
+// rank's threads (on its NUMA node) and not by the calling thread alone.
 template <class T, class F>
 AlignedBuffer blocked(const PackedExperts& p, F&& src) {
-  const int64_t G = p.num_groups();
-  AlignedBuffer b(size_t(p.num_experts * p.num_blocks() * G * 16) * sizeof(T));
+  const int64_t G = p.num_groups(), NB = p.num_blocks(), N = p.out_features;
+  AlignedBuffer b(size_t(p.num_experts * NB * G * 16) * sizeof(T));
   T* d = b.as<T>();
-  for (int64_t e = 0; e < p.num_experts; ++e)
-    for (int64_t n = 0; n < p.out_features; ++n)
+  parallel_for(p.num_experts * NB, [&](int64_t eb) {
+    const int64_t e = eb / NB, b16 = eb % NB;
+    for (int64_t n = 16 * b16; n < std::min(N, 16 * b16 + 16); ++n)
       for (int64_t gi = 0; gi < G; ++gi) d[p.scale_index(e, n, gi)] = T(src(e, n, gi));
+  });
   return b;
 }
 

@@ -1,12 +1,13 @@
 // serialize.cpp — PackedExperts files: pack once, map forever.
-// Layout (little-endian): a 256-byte header, then the sections qweight, scales, zeros, mins, each at
-// a 4096-byte aligned offset, so that a read-only mmap of the file is the packed buffers themselves.
-//   header: magic "MOECPUPK", u32 version (2), u32 header bytes (256), u32 scheme, u32 layout id,
-//           i64 E, N, K, group_size, block_n, u32 has_zeros, u32 section count (4),
-//           3 x {u64 offset, u64 bytes, u32 crc32, u32 0}, char kernel[64] (what it was packed for),
-//           u8 has_mins, u8 has_codebook, u16 0, i8 codebook[16], the mins section {...},
-//           u32 crc32 of bytes [0, 252) at offset 252.
-//   Version 1 (read too): 3 sections, and zero bytes where version 2 has the mins and codebook.
+// Layout (little-endian): a 256-byte header, then the sections qweight, scales, zeros, mins, k_perm,
+// each at a 4096-byte aligned offset, so that a read-only mmap of the file is the packed buffers.
+//   header: magic "MOECPUPK", u32 version (3), u32 header bytes (256), u32 scheme, u32 layout id,
+//           i64 E, N, K, group_size, block_n, u32 has_zeros, u32 section count (5),
+//           3 x {u64 offset, u64 bytes, u32 crc32, u32 0}, char kernel[40] (what it was packed for),
+//           the k_perm section {...}, u8 has_mins, u8 has_codebook, u8 has_k_perm, u8 0,
+//           i8 codebook[16], the mins section {...}, u32 crc32 of bytes [0, 252) at offset 252.
+//   Read too: version 2 (4 sections, kernel[64] where version 3 has kernel[40] and k_perm, a zero
+//   byte for has_k_perm) and version 1 (3 sections, zero bytes where version 2 has mins and codebook).
 // Everything read is checked (magic, version, CRCs, layout, shapes against section sizes, the file
 // size), and a failure raises ValueError naming what is wrong.
 #include <fcntl.h>
@@ -29,7 +30,7 @@ namespace moe_cpu {
 namespace {
 
 constexpr char kMagic[8] = {'M', 'O', 'E', 'C', 'P', 'U', 'P', 'K'};
-constexpr uint32_t kVersion = 2, kHeaderBytes = 256, kLayoutBlocked16 = 1, kSections = 4;
+constexpr uint32_t kVersion = 3, kHeaderBytes = 256, kLayoutBlocked16 = 1, kSections = 5;
 constexpr uint64_t kAlign = 4096;
 
 #pragma pack(push, 1)
@@ -43,9 +44,10 @@ struct Header {
   int64_t E, N, K, group_size, block_n;
   uint32_t has_zeros, sections;
   Section section[3];  // qweight, scales, zeros
-  char kernel[64];
+  char kernel[40];
+  Section k_perm;                  // version 3 (bytes of the kernel name in versions 1 and 2)
   uint8_t has_mins, has_codebook;  // version 2 from here (zero in version 1)
-  uint16_t reserved;
+  uint8_t has_k_perm, reserved;    // version 3 (zero before)
   int8_t codebook[16];
   Section mins;
   uint32_t header_crc32;
@@ -71,16 +73,16 @@ uint32_t crc32(const uint8_t* p, size_t n) {  // IEEE 802.3, reflected (zlib.crc
 uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 const AlignedBuffer& section_buffer(const PackedExperts& p, int i) {
-  return i == 0 ? p.qweight : i == 1 ? p.scales : i == 2 ? p.zeros : p.mins;
+  return i == 0 ? p.qweight : i == 1 ? p.scales : i == 2 ? p.zeros : i == 3 ? p.mins : p.k_perm;
 }
-Section& section_of(Header& h, int i) { return i < 3 ? h.section[i] : h.mins; }
+Section& section_of(Header& h, int i) { return i < 3 ? h.section[i] : i == 3 ? h.mins : h.k_perm; }
 
 // Bytes each section must have for these shapes (the same arithmetic packing uses).
 std::array<uint64_t, kSections> expected_bytes(const PackedExperts& p) {
   const uint64_t panels = uint64_t(p.num_experts * p.num_blocks());
   const uint64_t groups = panels * uint64_t(p.num_groups()) * 16;
   return {panels * uint64_t(p.panel_bytes()), p.scheme == Scheme::kBf16 ? 0 : groups * 4, p.has_zeros ? groups : 0,
-          p.has_mins ? groups * 4 : 0};
+          p.has_mins ? groups * 4 : 0, p.has_k_perm() ? uint64_t(p.num_experts * p.in_features) * 4 : 0};
 }
 
 struct FileCloser {
@@ -103,7 +105,7 @@ void save_packed(const PackedExperts& p, const std::string& path) {
   h.version = kVersion, h.header_bytes = kHeaderBytes, h.scheme = uint32_t(p.scheme), h.layout = kLayoutBlocked16;
   h.E = p.num_experts, h.N = p.out_features, h.K = p.in_features, h.group_size = p.group_size, h.block_n = p.block_n;
   h.has_zeros = p.has_zeros, h.sections = kSections;
-  h.has_mins = p.has_mins, h.has_codebook = p.has_codebook;
+  h.has_mins = p.has_mins, h.has_codebook = p.has_codebook, h.has_k_perm = p.has_k_perm();
   std::memcpy(h.codebook, p.codebook, 16);
   std::snprintf(h.kernel, sizeof h.kernel, "%s", p.kernel ? p.kernel->name : "");
   uint64_t off = align_up(kHeaderBytes);
@@ -146,14 +148,16 @@ PackedExperts load_packed(const std::string& path, bool use_mmap, bool verify) {
   Header h;
   std::memcpy(&h, bytes, sizeof h);
   if (std::memcmp(h.magic, kMagic, 8) != 0) throw ValueError(msg("'", path, "' is not a moe_cpu packed file (bad magic)"));
-  if (h.version != 1 && h.version != kVersion)
+  if (h.version < 1 || h.version > kVersion)
     throw ValueError(msg("'", path, "' has format version ", h.version, "; this build reads versions 1 to ", kVersion));
   if (crc32(bytes, 252) != h.header_crc32) throw ValueError(msg("'", path, "' is corrupted: header checksum mismatch"));
   if (h.layout != kLayoutBlocked16)
-    throw ValueError(msg("'", path, "' was packed for weight layout ", h.layout, " (kernel '", std::string(h.kernel, strnlen(h.kernel, 64)),
+    throw ValueError(msg("'", path, "' was packed for weight layout ", h.layout, " (kernel '",
+                         std::string(h.kernel, strnlen(h.kernel, h.version < 3 ? 64 : 40)),
                          "'), which this build cannot run; repack it from the checkpoint"));
-  const uint32_t sections = h.version == 1 ? 3 : kSections;
+  const uint32_t sections = h.version == 1 ? 3 : h.version == 2 ? 4 : kSections;
   if (h.version == 1) h.has_mins = h.has_codebook = 0, h.mins = Section{};  // padding in version 1
+  if (h.version < 3) h.has_k_perm = 0, h.k_perm = Section{};                // kernel name bytes before
   if (h.scheme > uint32_t(Scheme::kBf16) || h.sections != sections || h.header_bytes != kHeaderBytes)
     throw ValueError(msg("'", path, "' has an invalid header (scheme ", h.scheme, ", ", h.sections, " sections)"));
   PackedExperts p;
@@ -171,12 +175,13 @@ PackedExperts load_packed(const std::string& path, bool use_mmap, bool verify) {
   if (h.E < 1 || h.N < 1 || h.K < 1 || h.E > (int64_t(1) << 32) || h.N > (int64_t(1) << 32) || h.K > (int64_t(1) << 32) || !gs_ok ||
       (p.scheme == Scheme::kFp8W8A16 && (h.block_n < 1 || h.group_size < 1)) || (p.has_zeros && p.scheme != Scheme::kInt4W4A8) ||
       (p.has_codebook && (p.scheme != Scheme::kInt4W4A8 || p.has_zeros)) || (p.has_mins && !is_int_scheme(p.scheme)) ||
-      h.has_mins > 1 || h.has_codebook > 1)
+      h.has_mins > 1 || h.has_codebook > 1 || h.has_k_perm > 1 || (h.has_k_perm && !is_int_scheme(p.scheme)))
     throw ValueError(msg("'", path, "' has invalid shapes in its header (E=", h.E, ", N=", h.N, ", K=", h.K,
                          ", group_size=", h.group_size, ", block_n=", h.block_n, ")"));
-  const auto want = expected_bytes(p);
-  AlignedBuffer* dst[kSections] = {&p.qweight, &p.scales, &p.zeros, &p.mins};
-  const char* names[kSections] = {"qweight", "scales", "zeros", "mins"};
+  auto want = expected_bytes(p);
+  if (h.has_k_perm) want[4] = uint64_t(p.num_experts * p.in_features) * 4;
+  AlignedBuffer* dst[kSections] = {&p.qweight, &p.scales, &p.zeros, &p.mins, &p.k_perm};
+  const char* names[kSections] = {"qweight", "scales", "zeros", "mins", "k_perm"};
   for (int i = 0; i < int(sections); ++i) {
     const Section& s = section_of(h, i);
     if (s.bytes != want[size_t(i)])
@@ -193,6 +198,10 @@ PackedExperts load_packed(const std::string& path, bool use_mmap, bool verify) {
       *dst[i] = AlignedBuffer(s.bytes);
       std::memcpy(dst[i]->data(), bytes + s.offset, s.bytes);
     }
+  }
+  if (p.has_k_perm()) {  // a damaged permutation would read out of bounds: check it as packing does
+    const AlignedBuffer perm = std::move(p.k_perm);
+    set_k_perm(p, perm.as<int32_t>());
   }
   p.kernel = select_kernel(p);
   return p;

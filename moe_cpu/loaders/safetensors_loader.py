@@ -343,7 +343,8 @@ class _Layer:
         meth, g, v1 = _int4_config(self.qc, m0 + ".qweight", K)
         G = 1 if g == -1 else K // g
         awq = meth == "awq"
-        act = not awq and (bool(self.qc.get("desc_act")) or ck.has(m0 + ".g_idx"))
+        # per channel (one group) has no order to keep: its g_idx (all 0) is not read
+        act = not awq and g != -1 and (bool(self.qc.get("desc_act")) or ck.has(m0 + ".g_idx"))
         if awq and ck.has(m0 + ".g_idx"):
             raise ValueError(f"tensor {m0}.g_idx: AWQ checkpoints have no act-order")
 

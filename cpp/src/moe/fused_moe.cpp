@@ -346,7 +346,12 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   ActBuffer& ap = scratch.ap;  // (a reference: the workers must not name their own thread_local scratch)
   const auto permuted = [&](const PackedExperts& w, const ActBuffer& src, const int32_t* idx) -> const ActBuffer& {
     ap.reset(w, P);
-    parallel_for(P, [&](int64_t p) { ap.set_perm_row(p, src, idx[size_t(p)], w.perm_row(expert_of[size_t(p)])); });
+    const auto row = [&](int64_t p) { ap.set_perm_row(p, src, idx[size_t(p)], w.perm_row(expert_of[size_t(p)])); };
+    if (P * w.in_features < (int64_t(1) << 16)) {  // decode: a few rows, cheaper than waking the pool
+      for (int64_t p = 0; p < P; ++p) row(p);
+    } else {
+      parallel_for(P, row);
+    }
     return ap;
   };
   const bool perm1 = w13.has_k_perm() && P > 0;

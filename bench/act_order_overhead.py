@@ -1,0 +1,69 @@
+"""Run-time cost of GPTQ act-order (docs/performance.md): one MoE layer of int4 weights with zero
+points, group 128, packed three ways from the same codes:
+  plain   - no g_idx (contiguous groups);
+  w13     - w13 act-order (each routed row gathers its int8 codes), w2 folded into w13's rows (free);
+  w13+w2  - both gathered at run time (what an unfolded w2 g_idx costs).
+Calls are interleaved (plain, w13, w13+w2, plain, ...) and the median of each is compared.
+
+    python bench/act_order_overhead.py [--shape qwen3-30b-a3b] [--m 1,1024] [--reps 15]
+"""
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+import moe_cpu
+
+SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "small": (16, 512, 256, 4)}   # E, H, I, k
+
+
+def weights(rng, E, N, K, g):
+    q = rng.integers(0, 16, (E, N, K), dtype=np.uint8)
+    z = rng.integers(6, 11, (E, N, K // g), dtype=np.uint8)
+    s = (rng.uniform(0.5, 1.5, (E, N, K // g)) / (4 * np.sqrt(K))).astype(np.float32)
+    gi = np.empty((E, K), np.int32)
+    for e in range(E):
+        gi[e, rng.permutation(K)] = np.arange(K) // g
+    return q, s, z, gi
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES))
+    ap.add_argument("--m", default="1,1024")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--group", type=int, default=128)
+    a = ap.parse_args()
+    E, H, I, k = SHAPES[a.shape]
+    g, rng = a.group, np.random.default_rng(0)
+    q13, s13, z13, g13 = weights(rng, E, 2 * I, H, g)
+    q2, s2, z2, g2 = weights(rng, E, H, I, g)
+    layers = {
+        "plain": (moe_cpu.pack_int4(q13, s13, g, z13), moe_cpu.pack_int4(q2, s2, g, z2)),
+        "w13": (moe_cpu.pack_int4(q13, s13, g, z13, g_idx=g13), moe_cpu.pack_int4(q2, s2, g, z2)),
+        "w13+w2": (moe_cpu.pack_int4(q13, s13, g, z13, g_idx=g13), moe_cpu.pack_int4(q2, s2, g, z2, g_idx=g2)),
+    }
+    del q13, q2
+    print(f"shape {a.shape}: E={E} H={H} I={I} k={k}, int4 g{g} with zero points, "
+          f"{moe_cpu.get_num_threads()} threads, kernel {layers['plain'][0].kernel}")
+    for M in [int(m) for m in a.m.split(",")]:
+        x = rng.standard_normal((M, H)).astype(np.float32)
+        logits = rng.standard_normal((M, E)).astype(np.float32)
+        tw, ids = moe_cpu.select_experts(logits, k, renormalize=True)
+        times = {n: [] for n in layers}
+        for n, (w13, w2) in layers.items():   # warm-up
+            moe_cpu.fused_experts(x, w13, w2, tw, ids)
+        for _ in range(a.reps):
+            for n, (w13, w2) in layers.items():
+                t0 = time.perf_counter()
+                moe_cpu.fused_experts(x, w13, w2, tw, ids)
+                times[n].append(time.perf_counter() - t0)
+        base = statistics.median(times["plain"])
+        for n in layers:
+            med = statistics.median(times[n])
+            print(f"M={M:5d} {n:7s} median {med * 1e3:9.3f} ms  ratio to plain {med / base:6.3f}")
+
+
+if __name__ == "__main__":
+    main()

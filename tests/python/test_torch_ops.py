@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 import moe_cpu  # noqa: E402
 import moe_cpu.torch_ops as mt  # noqa: E402
 from moe_cpu._tensors import to_numpy  # noqa: E402
-from conftest import assert_close, make_moe, make_routing, ref  # noqa: E402
+from conftest import assert_close, make_moe, ref  # noqa: E402
 
 E, H, I, M, K = 8, 128, 64, 19, 2
 ops = torch.ops.moe_cpu
@@ -142,7 +142,8 @@ def test_bad_inputs(moe):
     x, logits = inputs(torch.float32, 7)
     w, ids = ops.select_experts(logits, K)
     cases = [
-        (lambda: ops.fused_experts(x.t().contiguous().t(), h13, h2, w, ids), ValueError, "hidden_states must be contiguous"),
+        (lambda: ops.fused_experts(x.t().contiguous().t(), h13, h2, w, ids), ValueError,
+         "hidden_states must be contiguous"),
         (lambda: ops.fused_experts(x.half(), h13, h2, w, ids), TypeError, "hidden_states has dtype torch.float16"),
         (lambda: ops.fused_experts(x, h13, 10**9, w, ids), ValueError, "w2 = 1000000000 is not a registered handle"),
         (lambda: ops.fused_experts(x, h13, h2, w.double(), ids), TypeError, "topk_weights has dtype torch.float64"),
@@ -175,7 +176,7 @@ def test_release_invalidates_handle(moe):
 
 
 def test_moe_cpu_without_torch(tmp_path):
-    """With torch blocked: moe_cpu imports, torch_ops raises ImportError naming torch."""
+    """With torch blocked: moe_cpu and moe_cpu.integrations import, torch_ops raises ImportError naming torch."""
     code = textwrap.dedent("""
         import sys
         class Block:
@@ -183,8 +184,8 @@ def test_moe_cpu_without_torch(tmp_path):
                 if name.split(".")[0] in ("torch", "transformers"):
                     raise ImportError(f"blocked: {name}")
         sys.meta_path.insert(0, Block())
-        import moe_cpu
-        for mod in ("moe_cpu.torch_ops",):
+        import moe_cpu, moe_cpu.integrations
+        for mod in ("moe_cpu.torch_ops", "moe_cpu.integrations.transformers"):
             try:
                 __import__(mod)
             except ImportError as e:

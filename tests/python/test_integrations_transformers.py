@@ -87,8 +87,11 @@ IDS = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(7))
 @pytest.mark.parametrize("routing", ["model", "moe_cpu"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_bf16(models, family, routing):
-    """Patched bf16 logits against the unpatched model run in fp32 on the same bf16 weights: within bf16
-    tolerance, and no further from it than transformers' own bf16 run."""
+    """Patched bf16 logits against the unpatched model: run in fp32 on the same bf16 weights (within bf16
+    tolerance, and no further than transformers' own bf16 run), and run in bf16. Measured: 7.2e-3-9.7e-3
+    from fp32 (transformers bf16: 9.5e-3-1.25e-2), 8.3e-3-1.06e-2 from transformers bf16. The fp32 run is the
+    sharper oracle: with another seed, a routing near-tie in transformers' own bf16 run moved one DeepSeek
+    token and put the bf16 runs 4.4e-2 apart while the patched model stayed 8e-3 from fp32."""
     model = models[family]
     ref32 = logits(copy.deepcopy(model).float(), IDS)
     ref16 = logits(model, IDS)
@@ -102,6 +105,7 @@ def test_logits_bf16(models, family, routing):
     assert moe_share > 0.5, f"{family}: the MoE blocks move the logits by only {moe_share:.2f}"
     assert err <= 2e-2, msg
     assert err <= 1.25 * err_hf, msg
+    assert rel(got, ref16) <= 2e-2, msg
 
 
 @pytest.mark.parametrize("family", FAMILIES)

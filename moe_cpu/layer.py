@@ -381,6 +381,13 @@ class MoELayer:
         weights) plus, when present, the SiLU shared expert added unscaled, rounded once to x's dtype.
         """
         weights, ids = self.route(x)
+        return self.run_experts(x, weights, ids)
+
+    def run_experts(self, x: np.ndarray, topk_weights: np.ndarray, topk_ids: np.ndarray) -> np.ndarray:
+        """The layer after routing: ``fused_experts`` on the given routing (float32 ``[M, k]`` weights that
+        already include ``routed_scaling_factor``; int32 / int64 ids) plus the shared expert, as ``__call__``.
+        Lets a caller route elsewhere (e.g. a model's own router, moe_cpu.integrations.transformers)."""
+        x, weights, ids = self._check_x(x), topk_weights, topk_ids
         if self.shared_expert_gate is not None:
             return self._call_gated_shared(x, weights, ids)
         out = api.fused_experts(x, self.w13, self.w2, weights, ids, activation=self.activation,

@@ -86,14 +86,23 @@ struct ActBuffer {
     quantize_row_int8_amax(x, K, amax, q.data() + row * Kp, &s[size_t(row)]);
     finish_int_row(row);
   }
-  // Int schemes (act-order): row `row` is row `src_row` of `src` (same weights) with its channels
-  // gathered through perm[K]; the per-token scale does not depend on the order, the group sums do.
-  void set_perm_row(int64_t row, const ActBuffer& src, int64_t src_row, const int32_t* perm) {
-    const int8_t* sr = src.q.data() + src_row * src.Kp;
-    int8_t* qr = q.data() + row * Kp;
-    for (int64_t j = 0; j < K; ++j) qr[j] = sr[perm[j]];
-    s[size_t(row)] = src.s[size_t(src_row)];
-    finish_int_row(row);
+  // Int schemes (act-order): rows [row, row + R) are rows src_rows[0..R) of `src` (same weights)
+  // with their channels gathered through one expert's perm[K] (each index loaded once for the R
+  // rows); the per-token scale does not depend on the order, the group sums do.
+  template <int R>
+  void set_perm_rows(int64_t row, const ActBuffer& src, const int32_t* src_rows, const int32_t* perm) {
+    const int8_t* sr[R];
+    int8_t* qr[R];
+    for (int r = 0; r < R; ++r) {
+      sr[r] = src.q.data() + src_rows[r] * src.Kp, qr[r] = q.data() + (row + r) * Kp;
+      s[size_t(row + r)] = src.s[size_t(src_rows[r])];
+    }
+    const int64_t n = K;  // a local: int8 stores may alias the members
+    for (int64_t j = 0; j < n; ++j) {
+      const int32_t k = perm[j];
+      for (int r = 0; r < R; ++r) qr[r][j] = sr[r][k];
+    }
+    for (int r = 0; r < R; ++r) finish_int_row(row + r);
   }
   // Int schemes, once the codes [0, K) are set: zero padding and per-group code sums.
   void finish_int_row(int64_t row) {
@@ -344,13 +353,22 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
       for (int64_t p = begin[size_t(e)]; p < begin[size_t(e + 1)]; ++p) expert_of[size_t(p)] = int32_t(e);
   }
   ActBuffer& ap = scratch.ap;  // (a reference: the workers must not name their own thread_local scratch)
+  std::vector<int64_t> quads;   // first rows of runs of up to 4 rows of one expert
   const auto permuted = [&](const PackedExperts& w, const ActBuffer& src, const int32_t* idx) -> const ActBuffer& {
     ap.reset(w, P);
-    const auto row = [&](int64_t p) { ap.set_perm_row(p, src, idx[size_t(p)], w.perm_row(expert_of[size_t(p)])); };
+    if (quads.empty())
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t p = begin[size_t(e)]; p < begin[size_t(e + 1)]; p += 4) quads.push_back(p);
+    const auto run = [&](int64_t i) {
+      const int64_t p = quads[size_t(i)], e = expert_of[size_t(p)], n = std::min<int64_t>(4, begin[size_t(e + 1)] - p);
+      const int32_t* perm = w.perm_row(e);
+      if (n == 4) return ap.set_perm_rows<4>(p, src, idx + p, perm);
+      for (int64_t r = 0; r < n; ++r) ap.set_perm_rows<1>(p + r, src, idx + p + r, perm);
+    };
     if (P * w.in_features < (int64_t(1) << 16)) {  // decode: a few rows, cheaper than waking the pool
-      for (int64_t p = 0; p < P; ++p) row(p);
+      for (int64_t i = 0; i < int64_t(quads.size()); ++i) run(i);
     } else {
-      parallel_for(P, row);
+      parallel_for(int64_t(quads.size()), run);
     }
     return ap;
   };

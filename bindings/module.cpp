@@ -12,6 +12,7 @@ void bind_pack(py::module_& m);
 void bind_moe(py::module_& m);
 void bind_routing(py::module_& m);
 void bind_bench(py::module_& m);
+void bind_dlpack(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "moe_cpu C++ core (use the moe_cpu package, not this module directly)";
@@ -28,6 +29,7 @@ PYBIND11_MODULE(_core, m) {
   bind_moe(m);
   bind_routing(m);
   bind_bench(m);
+  bind_dlpack(m);
   m.def("set_num_threads", &moe_cpu::set_num_threads, py::arg("n"));
   m.def("get_num_threads", &moe_cpu::get_num_threads);
   m.def("set_scratch_limit", &moe_cpu::set_scratch_limit, py::arg("bytes"));

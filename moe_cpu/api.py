@@ -2,7 +2,9 @@
 
 Every function checks its arguments in the C++ core and raises ``ValueError`` or ``TypeError``
 naming the argument. Arrays are never converted or copied silently: pass C-contiguous arrays of
-the documented dtypes. bfloat16 is ``ml_dtypes.bfloat16`` or raw ``uint16`` bits.
+the documented dtypes. bfloat16 is ``ml_dtypes.bfloat16`` or raw ``uint16`` bits. Array arguments
+may also be torch / JAX / other CPU tensors (DLPack, zero copy; results come back in their library:
+``moe_cpu._dlpack``).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import numpy as np
 
 from . import _core
 from ._core import PackedExperts
+from ._dlpack import accepts_dlpack
 from ._dtypes import as_bits, is_named
 
 __all__ = [
@@ -82,6 +85,7 @@ def _act_order(qweight: object, g_idx: object, group_size: int) -> Tuple[object,
     return np.take_along_axis(qweight, perm[:, None, :], axis=2), perm
 
 
+@accepts_dlpack("qweight", "scales", "zeros", "codebook", "mins", "g_idx")
 def pack_int4(qweight: np.ndarray, scales: np.ndarray, group_size: int = 128,
               zeros: Optional[np.ndarray] = None, *, codebook: object = None,
               mins: Optional[np.ndarray] = None, g_idx: Optional[np.ndarray] = None) -> PackedExperts:
@@ -113,6 +117,7 @@ def pack_int4(qweight: np.ndarray, scales: np.ndarray, group_size: int = 128,
                            _codebook_arg(codebook), None if mins is None else _bf16_bits(mins), k_perm)
 
 
+@accepts_dlpack("qweight", "scales", "mins", "g_idx")
 def pack_int8(qweight: np.ndarray, scales: np.ndarray, group_size: int = -1, *,
               mins: Optional[np.ndarray] = None, g_idx: Optional[np.ndarray] = None) -> PackedExperts:
     """Pack INT8 expert weights (W8A8). scales: float32 ``[E, N]`` or ``[E, N, 1]`` per channel,
@@ -130,6 +135,7 @@ def _block(block_size: object) -> Tuple[int, int]:
     return _int_arg(block_size[0], "block_size[0]"), _int_arg(block_size[1], "block_size[1]")
 
 
+@accepts_dlpack("weight", "scale_inv")
 def pack_fp8(weight: np.ndarray, scale_inv: np.ndarray,
              block_size: Tuple[int, int] = (128, 128)) -> PackedExperts:
     """Pack FP8 e4m3fn expert weights (W8A16) with one float32 scale per ``block_size`` block.
@@ -143,12 +149,14 @@ def pack_fp8(weight: np.ndarray, scale_inv: np.ndarray,
     return _core.pack_fp8(as_bits(weight, "float8_e4m3fn", np.uint8), scale_inv, bn, bk)
 
 
+@accepts_dlpack("weight")
 def pack_bf16(weight: np.ndarray) -> PackedExperts:
     """Pack bfloat16 expert weights ``[E, N, K]`` (ml_dtypes.bfloat16 or uint16 bits).
     Use ``quantize_experts(w, "bf16")`` to round float32 weights."""
     return _core.pack_bf16(_bf16_bits(weight))
 
 
+@accepts_dlpack("w")
 def quantize_experts(w: np.ndarray, scheme: str, group_size: Optional[int] = None,
                      block_size: Tuple[int, int] = (128, 128)) -> PackedExperts:
     """Quantize float32 expert weights ``[E, N, K]`` and pack them.
@@ -187,6 +195,8 @@ def _wrap_out(res: np.ndarray, like: np.ndarray) -> np.ndarray:
     return res.view(like.dtype) if is_named(like, "bfloat16") and res.dtype != like.dtype else res
 
 
+@accepts_dlpack("hidden_states", "topk_weights", "topk_ids", "w13_bias", "w2_bias", "expert_map", "out",
+                bf16_from="hidden_states")
 def fused_experts(hidden_states: np.ndarray, w13: PackedExperts, w2: PackedExperts,
                   topk_weights: np.ndarray, topk_ids: np.ndarray, *, activation: str = "silu",
                   apply_router_weight_on_input: bool = False, w13_bias: Optional[np.ndarray] = None,
@@ -220,6 +230,7 @@ def fused_experts(hidden_states: np.ndarray, w13: PackedExperts, w2: PackedExper
     return _wrap_out(res, hidden_states)
 
 
+@accepts_dlpack("hidden_states", "fused_experts_out", "out", bf16_from="hidden_states")
 def shared_expert(hidden_states: np.ndarray, w13: PackedExperts, w2: PackedExperts,
                   fused_experts_out: np.ndarray, routed_scaling_factor: float = 1.0, *,
                   out: Optional[np.ndarray] = None, inplace: bool = False) -> np.ndarray:
@@ -238,6 +249,7 @@ def shared_expert(hidden_states: np.ndarray, w13: PackedExperts, w2: PackedExper
     return _wrap_out(res, hidden_states)
 
 
+@accepts_dlpack("router_logits", "e_score_correction_bias")
 def select_experts(router_logits: np.ndarray, top_k: int, *, renormalize: bool = False,
                    scoring_func: str = "softmax", use_grouped_topk: bool = False,
                    num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
@@ -271,6 +283,7 @@ def select_experts(router_logits: np.ndarray, top_k: int, *, renormalize: bool =
                                 float(routed_scaling_factor))
 
 
+@accepts_dlpack("topk_ids")
 def moe_align_block_size(topk_ids: np.ndarray, num_experts: int,
                          block_size: int) -> Tuple[np.ndarray, np.ndarray, int]:
     """Group the flattened (token, j) slots by expert, SGLang style.
@@ -286,6 +299,7 @@ def moe_align_block_size(topk_ids: np.ndarray, num_experts: int,
 _KIND_TO_ACT = {0: "silu", 1: "swigluoai_uninterleave", 2: "silu"}
 
 
+@accepts_dlpack("x", "topk_ids", "topk_weights", bf16_from="x")
 def dynamic_4bit_int_moe(x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
                          w13_packed: PackedExperts, w2_packed: PackedExperts, H: int, I: int, I2: int,
                          group_size: int, apply_router_weight_on_input: bool,

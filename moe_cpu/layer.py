@@ -22,6 +22,7 @@ import numpy as np
 
 from . import api, reference
 from ._core import PackedExperts
+from ._dlpack import accepts_dlpack
 
 _LAYER_FORMAT = "moe_cpu.layer"   # layer.json "format" written by MoELayer.save
 
@@ -373,8 +374,10 @@ class MoELayer:
         the weights include ``routed_scaling_factor``."""
         return api.select_experts(self.router_logits(x), self.top_k, **self._routing_kwargs())
 
+    @accepts_dlpack("x", bf16_from="x")
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        """Run the layer on x ``[M, H]`` (float32 or bfloat16); returns ``[M, H]`` of x's dtype.
+        """Run the layer on x ``[M, H]`` (float32 or bfloat16; NumPy, or a torch / JAX CPU tensor through
+        DLPack, which gives the result in that library); returns ``[M, H]`` of x's dtype.
 
         The router matmul runs in float32 (bf16 inputs are widened to their float32 values); the
         experts take x as is. Routed output (scaled by ``routed_scaling_factor`` through the router

@@ -13,7 +13,8 @@ fi
 python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 python3 -m pip install -q cmake ninja scikit-build-core pybind11 numpy
 python3 -m pip install -q ".[test]"
-# Test-only oracles (never runtime): torch pinned to the CPU wheel these hosts carry (plain `torch`
-# would download a CUDA build), transformers for the Hugging Face model checks.
-python3 -m pip install -q torch==2.13.0 transformers==5.23.0
+# Test-only oracles and callers (never runtime): torch pinned to the CPU wheel these hosts carry (plain
+# `torch` would download a CUDA build), transformers for the Hugging Face model checks, JAX (CPU) for the
+# DLPack tests.
+python3 -m pip install -q torch==2.13.0 transformers==5.23.0 jax==0.10.2 jaxlib==0.10.2
 (cd "${TMPDIR:-/tmp}" && python3 -c "import moe_cpu; print('moe_cpu', moe_cpu.__version__, 'installed; kernels:', moe_cpu.cpu_features()['kernels'])")

@@ -29,3 +29,15 @@ for level in $LEVELS; do
   echo "== pytest, MOE_CPU_ISA=$level"
   (cd tests && MOE_CPU_ISA=$level python3 -m pytest -q -p no:cacheprovider python)
 done
+# The DLPack import hands producers' memory to the core: run its tests against an ASan + UBSan build of
+# the extension (its own build dir and target; LD_PRELOAD puts the sanitizer runtimes before Python's).
+echo "== pytest test_dlpack.py, extension under ASan + UBSan"
+rm -rf build/py-asan-site
+python3 -m pip install -q --no-build-isolation --no-deps --target build/py-asan-site \
+  -C cmake.define.MOE_CPU_SANITIZE=ON -C build-dir=build/py-asan . 2>&1 | grep -v "Running pip as the 'root' user" || true
+(cd tests && LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
+  ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$PWD/../build/py-asan-site" \
+  python3 -c "import moe_cpu, sys; assert 'py-asan-site' in moe_cpu.__file__, moe_cpu.__file__" && \
+  LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
+  ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$PWD/../build/py-asan-site" \
+  python3 -m pytest -q -p no:cacheprovider python/test_dlpack.py)

@@ -3,7 +3,8 @@ points, group 128, packed three ways from the same codes:
   plain   - no g_idx (contiguous groups);
   w13     - w13 act-order (each routed row gathers its int8 codes), w2 folded into w13's rows (free);
   w13+w2  - both gathered at run time (what an unfolded w2 g_idx costs).
-Calls are interleaved (plain, w13, w13+w2, plain, ...) and the median of each is compared.
+Calls are interleaved (plain, w13, w13+w2, plain, ...), each round with a new random routing, and the
+median of each is compared.
 
     python bench/act_order_overhead.py [--shape qwen3-30b-a3b] [--m 1,1024] [--reps 15]
 """
@@ -49,13 +50,14 @@ def main():
           f"{moe_cpu.get_num_threads()} threads, kernel {layers['plain'][0].kernel}")
     for M in [int(m) for m in a.m.split(",")]:
         x = rng.standard_normal((M, H)).astype(np.float32)
-        logits = rng.standard_normal((M, E)).astype(np.float32)
-        tw, ids = moe_cpu.select_experts(logits, k, renormalize=True)
         times = {n: [] for n in layers}
-        for n, (w13, w2) in layers.items():   # warm-up
-            moe_cpu.fused_experts(x, w13, w2, tw, ids)
-        for _ in range(a.reps):
+        for rep in range(a.reps + 1):   # a new routing per round (decode reads other experts each token)
+            logits = rng.standard_normal((M, E)).astype(np.float32)
+            tw, ids = moe_cpu.select_experts(logits, k, renormalize=True)
             for n, (w13, w2) in layers.items():
+                if rep == 0:    # warm-up round
+                    moe_cpu.fused_experts(x, w13, w2, tw, ids)
+                    continue
                 t0 = time.perf_counter()
                 moe_cpu.fused_experts(x, w13, w2, tw, ids)
                 times[n].append(time.perf_counter() - t0)

@@ -356,6 +356,7 @@ class MoELayer:
             raise ValueError("x must be C-contiguous (use np.ascontiguousarray)")
         return x
 
+    @accepts_dlpack("x")
     def router_logits(self, x: np.ndarray) -> np.ndarray:
         """float32 ``[M, E]`` = x @ gate.T (+ gate_bias). bf16 inputs are widened to float32 values here."""
         logits = _widen(self._check_x(x)) @ self.gate.T
@@ -369,6 +370,7 @@ class MoELayer:
                     topk_group=self.topk_group, e_score_correction_bias=self.e_score_correction_bias,
                     routed_scaling_factor=self.routed_scaling_factor)
 
+    @accepts_dlpack("x")
     def route(self, x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """``(topk_weights float32 [M, k], topk_ids int32 [M, k])`` from ``moe_cpu.select_experts``;
         the weights include ``routed_scaling_factor``."""
@@ -386,6 +388,7 @@ class MoELayer:
         weights, ids = self.route(x)
         return self.run_experts(x, weights, ids)
 
+    @accepts_dlpack("x", "topk_weights", "topk_ids", bf16_from="x")
     def run_experts(self, x: np.ndarray, topk_weights: np.ndarray, topk_ids: np.ndarray) -> np.ndarray:
         """The layer after routing: ``fused_experts`` on the given routing (float32 ``[M, k]`` weights that
         already include ``routed_scaling_factor``; int32 / int64 ids) plus the shared expert, as ``__call__``.
@@ -399,6 +402,7 @@ class MoELayer:
             out = api.shared_expert(x, self.shared_w13, self.shared_w2, out, 1.0, inplace=True)
         return out
 
+    @accepts_dlpack("x")
     def shared_gate(self, x: np.ndarray) -> np.ndarray:
         """float32 ``[M]``: Qwen2-MoE's per-token shared-expert weight ``sigmoid(x @ shared_expert_gate)``."""
         if self.shared_expert_gate is None:
@@ -421,6 +425,7 @@ class MoELayer:
         bits = reference.float_to_bf16_bits(out)
         return bits if x.dtype == np.uint16 else bits.view(x.dtype)
 
+    @accepts_dlpack("x")
     def reference(self, x: np.ndarray) -> np.ndarray:
         """float64 ``[M, H]``: the same layer in NumPy (``moe_cpu.reference``) for accuracy checks.
 

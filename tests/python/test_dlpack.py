@@ -87,6 +87,11 @@ def test_select_experts_shared_expert_and_layer(rng, layer):
     assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16
     np.testing.assert_array_equal(y.view(torch.int16).numpy().view(np.uint16),
                                   lay(x.view(torch.int16).numpy().view(np.uint16)))
+    lf = torch.randn(4, H)   # the layer's other public methods take tensors too
+    rw, rid = lay.route(lf)
+    assert isinstance(rw, torch.Tensor) and isinstance(lay.router_logits(lf), torch.Tensor)
+    np.testing.assert_array_equal(lay.run_experts(lf, rw, rid).numpy(), lay(lf.numpy()))
+    np.testing.assert_allclose(lay.reference(lf).numpy(), lay.reference(lf.numpy()))
     s13, s2 = moe_cpu.quantize_experts(rng.standard_normal((1, 2 * I, H)).astype(np.float32), "bf16"), \
         moe_cpu.quantize_experts(rng.standard_normal((1, H, I)).astype(np.float32), "bf16")
     xf = torch.randn(3, H)

@@ -34,8 +34,7 @@ def library_of(v: object) -> str:
 
 def import_array(v: object, name: str) -> Tuple[np.ndarray, str]:
     """(NumPy view of v, kind): kind "bfloat16" / "float8_e4m3fn" when the view holds those as bits."""
-    arr, kind = _core.from_dlpack(v, name)
-    return arr, kind
+    return tuple(_core.from_dlpack(v, name))
 
 
 def to_caller(a: object, lib: Optional[str], bf16: bool) -> object:
@@ -43,10 +42,8 @@ def to_caller(a: object, lib: Optional[str], bf16: bool) -> object:
     if not isinstance(a, np.ndarray) or lib is None:
         return a
     if lib == "torch" and "torch" in sys.modules:
-        torch = sys.modules["torch"]
-        if bf16 and a.dtype == np.uint16:
-            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(a)
+        from ._tensors import to_torch   # imports torch, which the caller's tensor already loaded
+        return to_torch(a, bf16 and a.dtype == np.uint16)
     if lib in ("jax", "jaxlib") and "jax" in sys.modules:
         import jax
         import jax.numpy as jnp

@@ -73,6 +73,20 @@ def _widen(x: np.ndarray) -> np.ndarray:
     return (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def _sigmoid_gate(x: np.ndarray, gate: np.ndarray) -> np.ndarray:
+    """float32 [M]: sigmoid(x @ gate) (Qwen2-MoE's shared-expert weight), x widened to float32."""
+    z = _widen(x) @ gate
+    return (1.0 / (1.0 + np.exp(-z.astype(np.float64)))).astype(np.float32)
+
+
+def _round_like(out32: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """An fp32 result in x's dtype (bf16: rounded to nearest even once, as x's kind of bf16)."""
+    if x.dtype == np.float32:
+        return out32
+    bits = reference.float_to_bf16_bits(out32)
+    return bits if x.dtype == np.uint16 else bits.view(x.dtype)
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
@@ -407,8 +421,7 @@ class MoELayer:
         """float32 ``[M]``: Qwen2-MoE's per-token shared-expert weight ``sigmoid(x @ shared_expert_gate)``."""
         if self.shared_expert_gate is None:
             raise ValueError("this layer has no shared_expert_gate")
-        z = _widen(self._check_x(x)) @ self.shared_expert_gate
-        return (1.0 / (1.0 + np.exp(-z.astype(np.float64)))).astype(np.float32)
+        return _sigmoid_gate(self._check_x(x), self.shared_expert_gate)
 
     def _call_gated_shared(self, x: np.ndarray, weights: np.ndarray, ids: np.ndarray) -> np.ndarray:
         # The shared expert runs as a one-expert fused_experts whose top-k weight is the gate; both
@@ -420,10 +433,7 @@ class MoELayer:
         M = x.shape[0]
         out += api.fused_experts(xf, self.shared_w13, self.shared_w2, self.shared_gate(x)[:, None],
                                  np.zeros((M, 1), np.int32))
-        if x.dtype == np.float32:
-            return out
-        bits = reference.float_to_bf16_bits(out)
-        return bits if x.dtype == np.uint16 else bits.view(x.dtype)
+        return _round_like(out, x)
 
     @accepts_dlpack("x")
     def reference(self, x: np.ndarray) -> np.ndarray:

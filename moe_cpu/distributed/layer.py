@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import api, reference
 from .._core import PackedExperts
-from ..layer import MoELayer, _f32, _widen
+from ..layer import MoELayer, _f32, _round_like, _sigmoid_gate, _widen
 from ._mpi import agree, check_comm, digest, mpi
 from .placement import Placement, check_placement, expert_map
 from .take import take_experts
@@ -215,12 +215,12 @@ class EPMoELayer:
         if self.exact:
             part = self._sum_slots(part, M)
             if self.has_shared_expert and M and self.router.shared_expert_gate is not None:
-                return _like(self._add_shared(x, _widen(x), part), x)   # MoELayer: fp32 sum, one rounding
-            out = _like(part, x)
+                return _round_like(self._add_shared(x, _widen(x), part), x)   # MoELayer: fp32 sum, one rounding
+            out = _round_like(part, x)
             if self.has_shared_expert and M:
                 out = api.shared_expert(x, self.shared_w13, self.shared_w2, out, 1.0, inplace=True)
             return out
-        return _like(part, x)
+        return _round_like(part, x)
 
     def _sum_slots(self, slots: np.ndarray, M: int) -> np.ndarray:
         """[M*k, H] -> [M, H]: the top-k sum in fp32, j = 0..k-1 in order (fused_experts' order)."""
@@ -261,14 +261,6 @@ class EPMoELayer:
         return (f"EPMoELayer(E={self.num_experts}, H={self.hidden_size}, top_k={self.top_k}, ranks={self.size}, "
                 f"experts per rank {sizes}, rank {self.rank} holds {len(self.experts)}, "
                 f"{self.nbytes / 2**20:.1f} MiB here{', exact' if self.exact else ''})")
-
-
-def _like(out32: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """fp32 result in x's dtype (bf16: rounded to nearest even once)."""
-    if x.dtype == np.float32:
-        return out32
-    bits = reference.float_to_bf16_bits(out32)
-    return bits.view(x.dtype) if x.dtype != np.uint16 else bits
 
 
 class _Router:
@@ -335,8 +327,7 @@ class _Router:
 
     def shared_gate(self, x: np.ndarray) -> np.ndarray:
         """As ``MoELayer.shared_gate``: float32 [M] sigmoid(x @ shared_expert_gate)."""
-        z = _widen(x) @ self.shared_expert_gate
-        return (1.0 / (1.0 + np.exp(-z.astype(np.float64)))).astype(np.float32)
+        return _sigmoid_gate(x, self.shared_expert_gate)
 
     def route(self, x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         return api.select_experts(self.logits(x), self.top_k, **self.routing)

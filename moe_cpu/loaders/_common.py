@@ -224,23 +224,23 @@ def build_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: 
 
 def build_pair(w13: Sequence[Source], w2: Sequence[Source], E: int, H: int, I: int, schemes: Tuple[str, str],
                what: Tuple[str, str], group_size: Optional[int] = None, block: Tuple[int, int] = (128, 128),
-               experts: Optional[Sequence[int]] = None) -> Tuple[PackedExperts, PackedExperts, Optional[np.ndarray]]:
-    """(w13, w2, rows) of a layer's gate/up and down sources. A GPTQ act-order w2 is folded into w13
-    (``fold_act_order``): rows [E, 2I] is then the w13 row order (for w13_bias), else None."""
+               experts: Optional[Sequence[int]] = None) -> Tuple[PackedExperts, PackedExperts, bool]:
+    """(w13, w2, folded) of a layer's gate/up and down sources; folded: a GPTQ act-order w2 was folded
+    into w13's row order (``fold_act_order``), so w13's rows are no longer the checkpoint's."""
     s13 = gather_experts(w13, E, H, schemes[0], what[0], group_size, block, experts)
     s2 = gather_experts(w2, E, I, schemes[1], what[1], group_size, block, experts)
     if s13 is None:
-        return None, None, None
-    rows = fold_act_order(s13, s2, I)
-    return pack_stack(s13, what[0]), pack_stack(s2, what[1]), rows
+        return None, None, False
+    folded = fold_act_order(s13, s2, I)
+    return pack_stack(s13, what[0]), pack_stack(s2, what[1]), folded
 
 
-def fold_act_order(s13: Stack, s2: Stack, I: int) -> Optional[np.ndarray]:
+def fold_act_order(s13: Stack, s2: Stack, I: int) -> bool:
     """Act-order w2 at no run-time cost: sort each expert's w2 input channels by group (contiguous
     groups, no g_idx left) and permute w13's gate and up rows the same way, so that GEMM1 writes its
-    output in w2's order. Returns the w13 row order [E, 2I], or None when w2 has no g_idx."""
+    output in w2's order. Returns whether w2 had a g_idx (and was folded)."""
     if s2.g_idx is None:
-        return None
+        return False
     if s13.q.shape[1] != 2 * I or s13.scheme not in INT_SCHEMES:
         raise ValueError(f"act-order w2 needs separate int gate / up rows in w13 ([2I = {2 * I}, H]), got "
                          f"{s13.scheme} with {s13.q.shape[1]} rows")
@@ -252,7 +252,7 @@ def fold_act_order(s13: Stack, s2: Stack, I: int) -> Optional[np.ndarray]:
         a = getattr(s13, name)
         if a is not None:
             setattr(s13, name, np.take_along_axis(a, rows[:, :, None], axis=1))
-    return rows
+    return True
 
 
 def gather_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: str,

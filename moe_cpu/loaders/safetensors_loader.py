@@ -462,9 +462,9 @@ def load_safetensors_layer(path: Any, layer_idx: int, scheme: Optional[str] = No
     what = f"layer {layer_idx} routed experts"
     sch = resolve_scheme(w13_src + w2_src, scheme, what)
     ids = check_expert_ids(experts, E)
-    w13, w2, rows = build_pair(w13_src, w2_src, E, H, I, (sch, sch), (f"w13 ({w13_src[0].name}, ...)",
-                               f"w2 ({w2_src[0].name})"), group_size, block_size, ids)
-    if rows is not None and w13_bias is not None:
+    w13, w2, folded = build_pair(w13_src, w2_src, E, H, I, (sch, sch), (f"w13 ({w13_src[0].name}, ...)",
+                                 f"w2 ({w2_src[0].name})"), group_size, block_size, ids)
+    if folded and w13_bias is not None:
         raise ValueError(f"{w2_src[0].name}: act-order with expert biases is not supported")
     gate = lay.vector(router + "weight", (E, H))
     if ck.has(router + "bias"):

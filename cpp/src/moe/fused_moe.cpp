@@ -97,24 +97,12 @@ struct ActBuffer {
       sr[r] = src.q.data() + src_rows[r] * src.Kp, qr[r] = q.data() + (row + r) * Kp;
       s[size_t(row + r)] = src.s[size_t(src_rows[r])];
     }
-    const int64_t n = K, len = gl, groups = G, kp = Kp;  // locals: int8 stores may alias the members
-    int32_t* sums = asum.data() + row * groups;
-    for (int64_t gi = 0; gi < groups; ++gi) {  // gather and sum each group's codes in one pass
-      int32_t sum[R] = {};
-      for (int64_t j = gi * len, j1 = std::min(n, j + len); j < j1; ++j) {
-        const int32_t k = perm[j];
-        for (int r = 0; r < R; ++r) {
-          const int8_t v = sr[r][k];
-          qr[r][j] = v, sum[r] += v;
-        }
-      }
-      for (int r = 0; r < R; ++r) sums[r * groups + gi] = sum[r];
+    const int64_t n = K;  // a local: int8 stores may alias the members
+    for (int64_t j = 0; j < n; ++j) {
+      const int32_t k = perm[j];
+      for (int r = 0; r < R; ++r) qr[r][j] = sr[r][k];
     }
-    for (int r = 0; r < R; ++r) {
-      std::fill(qr[r] + n, qr[r] + kp, int8_t(0));
-      if (mins)
-        for (int64_t gi = 0; gi < groups; ++gi) asum_f32[size_t((row + r) * groups + gi)] = float(sums[r * groups + gi]);
-    }
+    for (int r = 0; r < R; ++r) finish_int_row(row + r);
   }
   // Int schemes, once the codes [0, K) are set: zero padding and per-group code sums.
   void finish_int_row(int64_t row) {
@@ -365,24 +353,22 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
       for (int64_t p = begin[size_t(e)]; p < begin[size_t(e + 1)]; ++p) expert_of[size_t(p)] = int32_t(e);
   }
   ActBuffer& ap = scratch.ap;  // (a reference: the workers must not name their own thread_local scratch)
-  std::vector<int64_t> quads;   // first rows of runs of up to 8 rows of one expert
+  std::vector<int64_t> runs;   // first rows of runs of up to 8 rows of one expert
   const auto permuted = [&](const PackedExperts& w, const ActBuffer& src, const int32_t* idx) -> const ActBuffer& {
     ap.reset(w, P);
-    if (quads.empty())
+    if (runs.empty())
       for (int64_t e = 0; e < E; ++e)
-        for (int64_t p = begin[size_t(e)]; p < begin[size_t(e + 1)]; p += 8) quads.push_back(p);
+        for (int64_t p = begin[size_t(e)]; p < begin[size_t(e + 1)]; p += 8) runs.push_back(p);
     const auto run = [&](int64_t i) {
-      const int64_t p = quads[size_t(i)], e = expert_of[size_t(p)], n = std::min<int64_t>(8, begin[size_t(e + 1)] - p);
+      const int64_t p = runs[size_t(i)], e = expert_of[size_t(p)], n = std::min<int64_t>(8, begin[size_t(e + 1)] - p);
       const int32_t* perm = w.perm_row(e);
       if (n == 8) return ap.set_perm_rows<8>(p, src, idx + p, perm);
-      int64_t r = 0;
-      if (n >= 4) ap.set_perm_rows<4>(p, src, idx + p, perm), r = 4;
-      for (; r < n; ++r) ap.set_perm_rows<1>(p + r, src, idx + p + r, perm);
+      for (int64_t r = 0; r < n; ++r) ap.set_perm_rows<1>(p + r, src, idx + p + r, perm);
     };
     if (P * w.in_features < (int64_t(1) << 16)) {  // decode: a few rows, cheaper than waking the pool
-      for (int64_t i = 0; i < int64_t(quads.size()); ++i) run(i);
+      for (int64_t i = 0; i < int64_t(runs.size()); ++i) run(i);
     } else {
-      parallel_for(int64_t(quads.size()), run);
+      parallel_for(int64_t(runs.size()), run);
     }
     return ap;
   };

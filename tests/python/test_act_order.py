@@ -87,6 +87,23 @@ def test_int8_act_order_and_apply_router_weight_on_input(rng):
                      "int4_w4a8", f"on_input={on_input}")
 
 
+@pytest.mark.parametrize("K", [100, 104])
+def test_act_order_gather_runs_of_eight_and_channel_tail(rng, K):
+    # 40 rows per expert: runs of 8 rows (the channel-major gather) and single rows; K = 100 leaves
+    # a tail of 4 channels after the 8x8 blocks.
+    E, k, I, g, M = 2, 2, 64, 20 if K == 100 else 8, 40
+    q13 = rng.integers(-20, 21, (E, 2 * I, K)).astype(np.int8)
+    s13 = (rng.uniform(0.5, 1.5, (E, 2 * I, K // g)) / (20 * np.sqrt(K))).astype(np.float32)
+    gi = act_order_map(rng, E, K, g)
+    p13 = moe_cpu.pack_int8(q13, s13, g, g_idx=gi)
+    r2, p2 = int4_zp(rng, E, K, I, 32, None)
+    x = make_input(rng, M, K)
+    tw, ids = make_routing(rng, M, E, k)
+    r13 = ref.RefWeights.int8(q13, s13, g, g_idx=gi)
+    got = moe_cpu.fused_experts(x, p13, p2, tw, ids)
+    assert_close(got, ref.fused_experts_ref(x, r13, r2, tw, ids), "int4_w4a8", f"K={K}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_bitwise_equal_to_permuting_the_activations_by_hand(rng, dtype):
     """One permutation for every expert: act-order packing on x equals plain packing of the sorted

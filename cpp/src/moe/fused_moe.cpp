@@ -12,6 +12,10 @@
 #include <memory>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "common/layout.h"
 #include "common/numeric.h"
 #include "common/parallel.h"
@@ -29,6 +33,40 @@ void store(void* out, DType t, int64_t i, float v) {
   if (t == DType::kF32) static_cast<float*>(out)[i] = v;
   else static_cast<uint16_t*>(out)[i] = float_to_bf16(v);
 }
+
+#if defined(__SSE2__)
+// 8x8 byte transpose of the rows' bytes [k, k + 8) into t[0..8): t[c] byte r = rows[r][k + c].
+inline void transpose8x8_regs(const __m128i in[8], __m128i out[4]) {
+  const __m128i a0 = _mm_unpacklo_epi8(in[0], in[1]), a1 = _mm_unpacklo_epi8(in[2], in[3]);
+  const __m128i a2 = _mm_unpacklo_epi8(in[4], in[5]), a3 = _mm_unpacklo_epi8(in[6], in[7]);
+  const __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);
+  const __m128i c0 = _mm_unpacklo_epi16(a2, a3), c1 = _mm_unpackhi_epi16(a2, a3);
+  out[0] = _mm_unpacklo_epi32(b0, c0), out[1] = _mm_unpackhi_epi32(b0, c0);
+  out[2] = _mm_unpacklo_epi32(b1, c1), out[3] = _mm_unpackhi_epi32(b1, c1);
+}
+inline void transpose8x8(const int8_t* const rows[8], int64_t k, uint64_t* t) {
+  __m128i in[8], out[4];
+  for (int r = 0; r < 8; ++r) in[r] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[r] + k));
+  transpose8x8_regs(in, out);
+  for (int i = 0; i < 4; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(t + 2 * i), out[i]);
+}
+// The way back, reading the words t[perm[0..8)]: rows[r][j + c] = byte r of t[perm[c]].
+inline void transpose8x8_gathered(const uint64_t* t, const int32_t* perm, int8_t* const rows[8], int64_t j) {
+  __m128i in[8], out[4];
+  for (int c = 0; c < 8; ++c) in[c] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(t + perm[c]));
+  transpose8x8_regs(in, out);
+  for (int i = 0; i < 4; ++i) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(rows[2 * i] + j), out[i]);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(rows[2 * i + 1] + j), _mm_unpackhi_epi64(out[i], out[i]));
+  }
+}
+// Per-thread words for one run's channel-major codes.
+inline uint64_t* perm_scratch(int64_t n) {
+  thread_local std::vector<uint64_t> t;
+  if (int64_t(t.size()) < n) t.resize(size_t(n));
+  return t.data();
+}
+#endif
 
 // Activation rows prepared for one GEMM: int8 codes + row scale + per-group sums, or bf16 bits
 // (or, for a kernel with f32_acts, their fp32 values); rows have stride Kp and zero padding.
@@ -98,6 +136,25 @@ struct ActBuffer {
       s[size_t(row + r)] = src.s[size_t(src_rows[r])];
     }
     const int64_t n = K;  // a local: int8 stores may alias the members
+#if defined(__SSE2__)
+    if constexpr (R == 8) {
+      // Channel-major: t[k] holds channel k of the 8 rows, so each perm index moves one 8-byte word.
+      uint64_t* t = perm_scratch(n);
+      int64_t k = 0;
+      for (; k + 8 <= n; k += 8) transpose8x8(sr, k, t + k);
+      for (; k < n; ++k) {
+        uint8_t b[8];
+        for (int r = 0; r < 8; ++r) b[r] = uint8_t(sr[r][k]);
+        std::memcpy(t + k, b, 8);
+      }
+      int64_t j = 0;
+      for (; j + 8 <= n; j += 8) transpose8x8_gathered(t, perm + j, qr, j);
+      for (; j < n; ++j)
+        for (int r = 0; r < 8; ++r) qr[r][j] = int8_t(t[perm[j]] >> (8 * r));
+      for (int r = 0; r < R; ++r) finish_int_row(row + r);
+      return;
+    }
+#endif
     for (int64_t j = 0; j < n; ++j) {
       const int32_t k = perm[j];
       for (int r = 0; r < R; ++r) qr[r][j] = sr[r][k];

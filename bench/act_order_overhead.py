@@ -3,8 +3,9 @@ points, group 128, packed three ways from the same codes:
   plain   - no g_idx (contiguous groups);
   w13     - w13 act-order (each routed row gathers its int8 codes), w2 folded into w13's rows (free);
   w13+w2  - both gathered at run time (what an unfolded w2 g_idx costs).
-Calls are interleaved (plain, w13, w13+w2, plain, ...), each round with a new random routing, and the
-median of each is compared.
+Calls are interleaved (plain, w13, w13+w2, plain, ...), each round with a new random routing; the
+medians are compared, and so is the median of the per-round ratios (paired). Decode (M <= 16) runs 20x
+the rounds.
 
     python bench/act_order_overhead.py [--shape qwen3-30b-a3b] [--m 1,1024] [--reps 15]
 """
@@ -51,7 +52,8 @@ def main():
     for M in [int(m) for m in a.m.split(",")]:
         x = rng.standard_normal((M, H)).astype(np.float32)
         times = {n: [] for n in layers}
-        for rep in range(a.reps + 1):   # a new routing per round (decode reads other experts each token)
+        reps = a.reps * (20 if M <= 16 else 1)   # decode calls are short and noisy: more rounds
+        for rep in range(reps + 1):   # a new routing per round (decode reads other experts each token)
             logits = rng.standard_normal((M, E)).astype(np.float32)
             tw, ids = moe_cpu.select_experts(logits, k, renormalize=True)
             for n, (w13, w2) in layers.items():
@@ -64,7 +66,9 @@ def main():
         base = statistics.median(times["plain"])
         for n in layers:
             med = statistics.median(times[n])
-            print(f"M={M:5d} {n:7s} median {med * 1e3:9.3f} ms  ratio to plain {med / base:6.3f}")
+            paired = statistics.median(t / p for t, p in zip(times[n], times["plain"]))
+            print(f"M={M:5d} {n:7s} median {med * 1e3:9.3f} ms  ratio to plain {med / base:6.3f}  "
+                  f"paired {paired:6.3f}")
 
 
 if __name__ == "__main__":

@@ -89,9 +89,9 @@ def test_int8_act_order_and_apply_router_weight_on_input(rng):
 
 @pytest.mark.parametrize("K", [100, 104])
 def test_act_order_gather_runs_of_eight_and_channel_tail(rng, K):
-    # 40 rows per expert: runs of 8 rows (the channel-major gather) and single rows; K = 100 leaves
+    # 43 rows per expert (k = E): runs of 8 rows (the channel-major gather) and 3 single rows; K = 100 leaves
     # a tail of 4 channels after the 8x8 blocks.
-    E, k, I, g, M = 2, 2, 64, 20 if K == 100 else 8, 40
+    E, k, I, g, M = 2, 2, 64, 20 if K == 100 else 8, 43
     q13 = rng.integers(-20, 21, (E, 2 * I, K)).astype(np.int8)
     s13 = (rng.uniform(0.5, 1.5, (E, 2 * I, K // g)) / (20 * np.sqrt(K))).astype(np.float32)
     gi = act_order_map(rng, E, K, g)

@@ -155,7 +155,18 @@ struct ActBuffer {
       return;
     }
 #endif
-    for (int64_t j = 0; j < n; ++j) {
+    int64_t j0 = 0;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if constexpr (R == 1) {  // one row (decode): 8 bytes per store; perm is cold, read ahead of use
+      for (; j0 + 8 <= n; j0 += 8) {
+        __builtin_prefetch(perm + j0 + 256);
+        uint64_t v = 0;
+        for (int c = 0; c < 8; ++c) v |= uint64_t(uint8_t(sr[0][perm[j0 + c]])) << (8 * c);
+        std::memcpy(qr[0] + j0, &v, 8);
+      }
+    }
+#endif
+    for (int64_t j = j0; j < n; ++j) {
       const int32_t k = perm[j];
       for (int r = 0; r < R; ++r) qr[r][j] = sr[r][k];
     }

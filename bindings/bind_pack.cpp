@@ -163,6 +163,9 @@ void bind_pack(py::module_& m) {
       }, "fp8: (block_n, block_k); None for other schemes.")
       .def_property_readonly("has_zeros", [](const PackedExperts& p) { return p.has_zeros; }, "True when int4 weights carry zero points.")
       .def_property_readonly("has_mins", [](const PackedExperts& p) { return p.has_mins; }, "True when int weights carry float group offsets (w = s * q - m).")
+      .def_property_readonly("has_int_mins", [](const PackedExperts& p) { return p.imin_groups > 0; },
+                             "True when the kernel holds the mins as dmin * int16 per run of 8 groups (K-quant mins, "
+                             "AVX-512 VNNI kernels): exact, summed in int32 per run. unpack() gives the same floats.")
       .def_property_readonly("codebook", &codebook_of, "int4 with a codebook: int8 [16], the value of each 4-bit code; else None.")
       .def_property_readonly("form", [](const PackedExperts& p) { return p.form(); },
                              "The weight form: int4, int4+zeros, int4+codebook, int4+mins, int4+codebook+mins, "

@@ -53,6 +53,14 @@ def scheme_of(name: str) -> str:
     return FORMS[name][0] if name in FORMS else name
 
 
+def _kquant_mins(rng, E, N, G):
+    """Mins as Q4_K / Q5_K hold them: an fp16 dmin per run of 8 groups times 6-bit integers."""
+    runs = -(-G // 8)
+    d = (rng.random((E, N, runs, 1), dtype=np.float32) * 0.04).astype(np.float16).astype(np.float32)
+    m6 = rng.integers(0, 64, (E, N, runs, 8)).astype(np.float32)
+    return np.ascontiguousarray((d * m6).reshape(E, N, runs * 8)[:, :, :G])
+
+
 def random_codes(rng, scheme, E, N, K):
     """Random codes and scales for `scheme`, as a function that packs them (values do not matter for
     speed; no float32 copy). Timing that function times the packing alone."""
@@ -60,7 +68,7 @@ def random_codes(rng, scheme, E, N, K):
     if scheme in FORMS:
         sch, g, cb, with_mins = FORMS[scheme]
         s = rng.random((E, N, K // g), dtype=np.float32) * 0.01
-        m = s * 4 if with_mins else None
+        m = _kquant_mins(rng, E, N, K // g) if with_mins else None
         if sch == "int8_w8a8":
             q8 = rng.integers(-32, 32, shape, dtype=np.int8)
             return lambda: moe_cpu.pack_int8(q8, s, g, mins=m)

@@ -20,6 +20,7 @@ struct Acts {
   std::vector<uint16_t> b;
   std::vector<float> f;  // b as fp32 (kernels with f32_acts)
   mutable std::vector<float> asum_f32;  // asum as fp32, filled by view() for weights with mins
+  mutable std::vector<int16_t> asum16;  // asum as int16 [R, G2], for weights with integer mins
   void widen() {
     f.resize(b.size());
     for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_float(b[i]);
@@ -31,6 +32,13 @@ struct Acts {
     if (!q.empty() && p.has_mins) {
       asum_f32.assign(asum.begin(), asum.end());
       a.asum_f32 = asum_f32.data();
+    }
+    if (!q.empty() && p.imin_groups) {
+      const int64_t G = p.num_groups(), G2 = 2 * p.imin_pairs();
+      asum16.assign(size_t(R * G2), 0);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t gi = 0; gi < G; ++gi) asum16[size_t(r * G2 + gi)] = int16_t(asum[size_t(r * G + gi)]);
+      a.asum16 = asum16.data(), a.G2 = G2;
     }
     if (q.empty()) a.bf16 = b.data(), a.f32 = f.data();
     return a;

@@ -25,6 +25,7 @@ struct FormCase {
   const int8_t* codebook;  // int4: nullptr = signed q in [-8, 7]
   bool mins;
   int64_t rows, N, K, group;
+  bool kquant = false;  // mins = dmin * (6-bit m) per run of 8 groups: kernels with int_mins take them as integers
 };
 const FormCase kForms[] = {
     {"Iq4nl_M1", true, kIq4nl, false, 1, 40, 256, 32},
@@ -42,6 +43,10 @@ const FormCase kForms[] = {
     {"Int8_G16_Mins_M3", false, nullptr, true, 3, 40, 64, 16},
     {"Int8_G32_Mins_M1", false, nullptr, true, 1, 80, 256, 32},       // Q5_K, Q5_1
     {"Int8_G32_Mins_M8", false, nullptr, true, 8, 18, 96, 32},
+    {"Unsigned_KMins_M1", true, kUnsigned, true, 1, 80, 512, 32, true},   // Q4_K
+    {"Unsigned_KMins_M7", true, kUnsigned, true, 7, 70, 288, 32, true},   // 9 groups: a short run, a padded pair
+    {"Int8_G32_KMins_M1", false, nullptr, true, 1, 64, 256, 32, true},    // Q5_K
+    {"Int8_G32_KMins_M13", false, nullptr, true, 13, 40, 320, 32, true},
 };
 
 class WeightFormTest : public ::testing::TestWithParam<const KernelDesc*> {};
@@ -63,10 +68,22 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
     auto value = [&](int64_t i) { return c.codebook ? int(c.codebook[uint8_t(q[size_t(i)])]) : int(q[size_t(i)]); };
     auto s = test::gaussian(g, size_t(E * N * G));
     auto mn = test::gaussian(g, size_t(E * N * G), 0.5f);
+    if (c.kquant) {  // one dmin per (row, run of 8 groups), times 6-bit integers; some runs all zero
+      const auto dmin = test::gaussian(g, size_t(E * N * G), 0.01f);
+      const auto m6 = test::ints(g, size_t(E * N * G), 0, 63);
+      for (int64_t i = 0; i < E * N * G; ++i) {
+        const int64_t run = (i / G) * G + (i % G) / 8 * 8;
+        int ex;  // dmin with 11 significant bits, as a K-quant's fp16 dmin: the products are exact
+        const float d11 = std::ldexp(std::round(std::ldexp(std::frexp(float(dmin[size_t(run)]), &ex), 11)), ex - 11);
+        mn[size_t(i)] = (run / 8) % 5 == 3 ? 0.f : d11 * float(m6[size_t(i)]);
+      }
+    }
     if (extremes) std::fill(s.begin(), s.end(), 1.0f);
     PackedExperts p = c.int4 ? pack_int4(q.data(), E, N, K, s.data(), c.group, nullptr, c.codebook, c.mins ? mn.data() : nullptr)
                              : pack_int8(q.data(), E, N, K, s.data(), c.group, c.mins ? mn.data() : nullptr);
     if (kd->supports && !kd->supports(p)) continue;
+    set_kernel(p, kd);
+    if (c.kquant) EXPECT_EQ(p.imin_groups, kd->int_mins ? 8 : 0) << "integer mins";
     ++ran;
     // activations: random, or +-127 of one sign per row (the extremes of every int16 / int32 sum)
     auto aq = test::ints(g, size_t(R * K), -127, 127);

@@ -15,10 +15,17 @@ MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 UNSIGNED = tuple(range(16))
 
 
+def kquant_mins(rng, E, N, G):
+    """Mins as Q4_K / Q5_K hold them: an fp16 dmin per run of 8 groups times 6-bit integers."""
+    runs = -(-G // 8)
+    d = (rng.uniform(0.2, 1.0, (E, N, runs, 1)) / (4 * np.sqrt(32 * G))).astype(np.float16).astype(np.float32)
+    return np.ascontiguousarray((d * rng.integers(0, 64, (E, N, runs, 8))).reshape(E, N, -1)[:, :, :G], np.float32)
+
+
 def form_weights(rng, form, E, N, K):
     """(RefWeights, PackedExperts) of random codes in a GGUF-like form, outputs of unit scale."""
-    if form in ("iq4nl", "mxfp4", "q4k"):
-        cb = {"iq4nl": IQ4_NL, "mxfp4": MXFP4, "q4k": UNSIGNED}[form]
+    if form in ("iq4nl", "mxfp4", "q4k", "q4k_dmin"):
+        cb = {"iq4nl": IQ4_NL, "mxfp4": MXFP4, "q4k": UNSIGNED, "q4k_dmin": UNSIGNED}[form]
         g, G = 32, K // 32
         q = rng.integers(0, 16, (E, N, K)).astype(np.uint8)
         if form == "mxfp4":   # power-of-two scales, as MXFP4's e8m0 bytes give
@@ -26,6 +33,7 @@ def form_weights(rng, form, E, N, K):
         else:
             s = (rng.uniform(0.5, 1.5, (E, N, G)) / ((60 if form == "iq4nl" else 8) * np.sqrt(K))).astype(np.float32)
         m = (s * rng.uniform(0, 15, (E, N, G))).astype(np.float32) if form == "q4k" else None
+        m = kquant_mins(rng, E, N, G) if form == "q4k_dmin" else m
         return (ref.RefWeights.int4(q, s, g, codebook=cb, mins=m),
                 moe_cpu.pack_int4(q, s, g, codebook=cb, mins=m))
     g = 16 if form == "q6k" else 32
@@ -33,10 +41,11 @@ def form_weights(rng, form, E, N, K):
     q = rng.integers(lo, hi + 1, (E, N, K)).astype(np.int8)
     s = (rng.uniform(0.5, 1.5, (E, N, K // g)) / (20 * np.sqrt(K))).astype(np.float32)
     m = (s * rng.uniform(0, 31, s.shape)).astype(np.float32) if form == "q5k" else None
+    m = kquant_mins(rng, E, N, K // g) if form == "q5k_dmin" else m
     return ref.RefWeights.int8(q, s, g, mins=m), moe_cpu.pack_int8(q, s, g, mins=m)
 
 
-FORMS = ["iq4nl", "mxfp4", "q4k", "q6k", "q5k"]
+FORMS = ["iq4nl", "mxfp4", "q4k", "q6k", "q5k", "q4k_dmin", "q5k_dmin"]
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -64,7 +73,8 @@ def test_unpack_is_value_times_scale_minus_min(rng, form):
     assert f"form={p.form}" in repr(p)
 
 
-PAIRS = [("iq4nl", "iq4nl"), ("mxfp4", "mxfp4"), ("q4k", "q6k"), ("q5k", "q6k"), ("q6k", "q4k"), ("iq4nl", "q5k")]
+PAIRS = [("iq4nl", "iq4nl"), ("mxfp4", "mxfp4"), ("q4k", "q6k"), ("q5k", "q6k"), ("q6k", "q4k"), ("iq4nl", "q5k"),
+         ("q4k_dmin", "q6k"), ("q5k_dmin", "q4k_dmin")]
 
 
 @pytest.mark.parametrize("M", [0, 1, 3, 257])
@@ -88,6 +98,24 @@ def test_one_expert_and_k_equal_to_e(rng, E, k):
     x = make_input(rng, 5, H)
     tw, ids = make_routing(rng, 5, E, k)
     assert_close(moe_cpu.fused_experts(x, p13, p2, tw, ids), ref.fused_experts_ref(x, r13, r2, tw, ids), "int4_w4a8")
+
+
+@pytest.mark.parametrize("form", ["q4k_dmin", "q5k_dmin", "q4k", "q5k"])
+def test_kquant_mins_run_as_integers_on_avx512(rng, tmp_path, form):
+    # 10 groups: a whole run of 8 and a zero-padded one; mins that factor as dmin * int go integer
+    # on the AVX-512 VNNI kernels (the float mins of q4k / q5k do not factor), exact either way.
+    E, k, H, I = 3, 2, 320, 64
+    r13, p13 = form_weights(rng, form, E, 2 * I, H)
+    r2, p2 = form_weights(rng, "q6k", E, H, I)
+    assert p13.has_int_mins == (form.endswith("_dmin") and "avx512vnni" in p13.kernel)
+    np.testing.assert_array_equal(p13.unpack_quantized()["mins"], r13.mins)
+    x = make_input(rng, 37, H)
+    tw, ids = make_routing(rng, 37, E, k)
+    assert_close(moe_cpu.fused_experts(x, p13, p2, tw, ids), ref.fused_experts_ref(x, r13, r2, tw, ids), "int4_w4a8", form)
+    p13.save(tmp_path / "w.moe")
+    back = moe_cpu.load_packed(tmp_path / "w.moe")
+    assert back.has_int_mins == p13.has_int_mins and back.nbytes == p13.nbytes
+    np.testing.assert_array_equal(back.unpack(), p13.unpack())
 
 
 def test_int_float_pair_is_refused_by_name(rng):

@@ -42,6 +42,9 @@ class AlignedBuffer {
   std::shared_ptr<const void> owner_;
 };
 
+// Groups per dmin of the integer mins (one K-quant super-block: 8 groups of 32).
+constexpr int64_t kIMinRun = 8;
+
 struct PackedExperts {
   Scheme scheme = Scheme::kBf16;
   int64_t num_experts = 0, out_features = 0, in_features = 0;  // E, N, K
@@ -63,6 +66,13 @@ struct PackedExperts {
   // int schemes, optional (GPTQ act-order): int32 [E, K]; packed input channel j of expert e is
   // channel k_perm[e][j] of the activations (fused_experts gathers them). Empty: the identity.
   AlignedBuffer k_perm;
+  // Integer mins (int schemes with mins, for a kernel with KernelDesc::int_mins, when they factor
+  // exactly): m = dmin * imin, imin int16, one dmin per column and run of imin_groups groups (as
+  // K-quants store them). The kernel then sums imin * (activation code sums) in int32 per run and
+  // multiplies by dmin once; `mins` is dropped (min() recomputes the same floats).
+  // imins [E][NB][pairs of groups][16][2] (whole runs, zero-padded), dmins [E][NB][runs][16].
+  AlignedBuffer imins, dmins;
+  int64_t imin_groups = 0;  // 0: float mins
   const KernelDesc* kernel = nullptr;
 
   void set_codebook(const int8_t* cb);  // fills codebook and the derived fields
@@ -78,7 +88,9 @@ struct PackedExperts {
   int64_t num_groups() const { return group_len() > 0 ? (in_features + group_len() - 1) / group_len() : 0; }  // along K
   int64_t padded_k() const;         // K rounded up to the layout's k-step
   int64_t num_blocks() const { return (out_features + 15) / 16; }  // 16-column panels per expert
-  size_t nbytes() const { return qweight.size() + scales.size() + zeros.size() + mins.size() + k_perm.size(); }
+  size_t nbytes() const {
+    return qweight.size() + scales.size() + zeros.size() + mins.size() + k_perm.size() + imins.size() + dmins.size();
+  }
   // Weight panel of (expert e, column block b).
   const uint8_t* panel(int64_t e, int64_t b) const { return qweight.data() + (e * num_blocks() + b) * panel_bytes(); }
   int64_t panel_bytes() const;      // bytes of one (expert, column block) panel
@@ -87,7 +99,19 @@ struct PackedExperts {
     return ((e * num_blocks() + n / 16) * num_groups() + gi) * 16 + n % 16;
   }
   float scale(int64_t e, int64_t n, int64_t gi) const { return scales.as<float>()[scale_index(e, n, gi)]; }
-  float min(int64_t e, int64_t n, int64_t gi) const { return has_mins ? mins.as<float>()[scale_index(e, n, gi)] : 0.f; }
+  float min(int64_t e, int64_t n, int64_t gi) const {
+    if (!has_mins) return 0.f;
+    if (imin_groups) return dmins.as<float>()[dmin_index(e, n, gi / imin_groups)] * float(imins.as<int16_t>()[imin_index(e, n, gi)]);
+    return mins.as<float>()[scale_index(e, n, gi)];
+  }
+  int64_t imin_pairs() const { return imin_runs() * (imin_groups / 2); }  // the last run padded with zeros
+  int64_t imin_runs() const { return imin_groups ? (num_groups() + imin_groups - 1) / imin_groups : 0; }
+  int64_t imin_index(int64_t e, int64_t n, int64_t gi) const {
+    return (((e * num_blocks() + n / 16) * imin_pairs() + gi / 2) * 16 + n % 16) * 2 + gi % 2;
+  }
+  int64_t dmin_index(int64_t e, int64_t n, int64_t run) const {
+    return ((e * num_blocks() + n / 16) * imin_runs() + run) * 16 + n % 16;
+  }
   int zero(int64_t e, int64_t n, int64_t gi) const;  // int schemes: stored, code_zero or 128
   // Raw stored codes of row (e, n): int4 u, int8 u = w + 128, fp8 code, bf16 bits (as uint16).
   void code_row(int64_t e, int64_t n, uint16_t* out) const;
@@ -96,6 +120,14 @@ struct PackedExperts {
   // Dequantized float weights of row (e, n), in packed channel order: out[K].
   void dequant_row(int64_t e, int64_t n, float* out) const;
 };
+
+// Builds the integer mins when p.kernel takes them and every run of 8 groups factors exactly
+// (a no-op otherwise). Called by the packers and load_packed once the kernel is chosen.
+void derive_int_mins(PackedExperts& p);
+// The float mins in the scales' blocked order (from the integer form when the float ones were dropped).
+AlignedBuffer float_mins(const PackedExperts& p);
+// Runs p with kernel kd from now on: the mins take the form kd reads (tests run every kernel).
+void set_kernel(PackedExperts& p, const KernelDesc* kd);
 
 // Sets p.k_perm (int schemes) from perm [E, K]: each row a permutation of [0, K); ValueError else.
 // The weights must already be packed in permuted channel order (their groups contiguous).

@@ -9,6 +9,7 @@
 #pragma once
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/layout.h"
@@ -37,14 +38,50 @@ inline void dpbusd_bcast(__m512i& acc, __m512i u8, const int8_t* p) {
   asm("vpdpbusd %[m]%{1to16%}, %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u8), [m] "m"(*reinterpret_cast<const int32_t*>(p)));
 }
 
+// acc += pairs of int16 products, with the int16 pair at p broadcast ({1to16}): the integer mins.
+inline void dpwssd_bcast(__m512i& acc, __m512i m, const int16_t* p) {
+  asm("vpdpwssd %[p]%{1to16%}, %[m], %[acc]" : [acc] "+v"(acc) : [m] "v"(m), [p] "m"(*reinterpret_cast<const int32_t*>(p)));
+}
+
 // acc -= m * (*p broadcast): the mins term, with the code sum read by the FMA's own broadcast.
 inline void fnmadd_bcast(__m512& acc, __m512 m, const float* p) {
   asm("vfnmadd231ps %[p]%{1to16%}, %[m], %[acc]" : [acc] "+v"(acc) : [m] "v"(m), [p] "m"(*p));
 }
 
 // How the weights' offset enters: an implicit zero point (code_zero, or 128 for int8) folded into
-// the group's starting sum; stored zero points per (column, group); or float mins (with the implicit zero).
-enum class Offset { kImplicit, kZeros, kMins };
+// the group's starting sum; stored zero points per (column, group); float mins (with the implicit
+// zero), one FMA per group; or integer mins (PackedExperts::imins), after the groups: per run of 8
+// groups, 4 vpdpwssd of (imin pair, code sum pair) and one FMA by dmin.
+enum class Offset { kImplicit, kZeros, kMins, kIntMins };
+
+// corr[r][j][16] = dmin * sum over the run's groups of imin * asum, summed over runs of
+// imin_groups groups (exact int32 sums per run: derive_int_mins bounds them). Out of line and before
+// the main loop, so that loop's registers are those of the other offset forms.
+template <int MR, int NJ>
+__attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0,
+                                             float* corr) {
+  constexpr int64_t S2 = kIMinRun / 2;  // pairs per run (imin_groups is kIMinRun)
+  const int64_t P2 = w.imin_pairs(), runs = w.imin_runs(), NB = w.num_blocks();
+  const int16_t* as[MR];
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) as[r] = a.asum16 + a.row_idx[r0 + r] * a.G2;
+  for (int j = 0; j < NJ; ++j) {
+    const int16_t* im = w.imins.as<int16_t>() + (e * NB + b + j) * P2 * 32;
+    const float* dm = w.dmins.as<float>() + (e * NB + b + j) * runs * 16;
+    __m512 sum[MR];
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) sum[r] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < runs; ++s) {
+      __m512i acc[MR];
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
+      _Pragma("GCC unroll 4") for (int64_t p = s * S2; p < (s + 1) * S2; ++p) {
+        const __m512i mv = _mm512_load_si512(im + p * 32);
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) dpwssd_bcast(acc[r], mv, as[r] + 2 * p);
+      }
+      const __m512 dv = _mm512_load_ps(dm + s * 16);
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), dv, sum[r]);
+    }
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) _mm512_store_ps(corr + (r * NJ + j) * 16, sum[r]);
+  }
+}
 
 template <bool kInt4, bool kShuffle = false, Offset kOff = Offset::kImplicit>
 struct IntVnni {
@@ -70,6 +107,8 @@ struct IntVnni {
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) accf[r][j] = _mm512_setzero_ps();
       NextGroupPrefetch<(MR * NJ + 15) / 16> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
       const ScaleIndex sx(w, e, b);
+      alignas(64) float corr[kOff == Offset::kIntMins ? MR * NJ * 16 : 1];
+      if constexpr (kOff == Offset::kIntMins) int_mins_term<MR, NJ>(w, e, b, a, r0, corr);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
         // Without stored zeros the implicit zero point's term (zero * group code sum) is the same for
@@ -126,7 +165,8 @@ struct IntVnni {
         const __mmask16 m = __mmask16((1u << valid_cols(w, b + j)) - 1);
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
           _mm512_mask_storeu_ps(c + (r0 + r) * ldc + 16 * j, m,
-                                _mm512_mul_ps(accf[r][j], _mm512_set1_ps(a.scale[a.row_idx[r0 + r]])));
+                                _mm512_mul_ps(kOff == Offset::kIntMins ? _mm512_sub_ps(accf[r][j], _mm512_load_ps(corr + (r * NJ + j) * 16)) : accf[r][j],
+                                              _mm512_set1_ps(a.scale[a.row_idx[r0 + r]])));
       }
     }
   };
@@ -137,6 +177,7 @@ template <bool kInt4, bool kShuffle, int MR, int NJ, int ND>
 void int_vnni_gemm_offset(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                           int64_t ldc) {
   if (w.has_zeros) drive<IntVnni<kInt4, kShuffle, Offset::kZeros>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else if (w.has_mins && w.imin_groups) drive<IntVnni<kInt4, kShuffle, Offset::kIntMins>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
   else if (w.has_mins) drive<IntVnni<kInt4, kShuffle, Offset::kMins>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
   else drive<IntVnni<kInt4, kShuffle>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
 }

@@ -74,23 +74,28 @@ struct ActBuffer {
   std::vector<int8_t> q;
   std::vector<float> s;
   std::vector<int32_t> asum;
-  std::vector<float> asum_f32;  // for weights with mins
+  std::vector<float> asum_f32;  // for weights with float mins
+  std::vector<int16_t> asum16;  // for weights with integer mins: [rows, G2] (G2: G padded to whole runs)
   std::vector<uint16_t> b;
   std::vector<float> f;
   int64_t K = 0, Kp = 0, gl = 0, G = 0;
-  bool int_scheme = false, f32 = false, mins = false;
+  bool int_scheme = false, f32 = false, mins = false, imins = false;
+  int64_t G2 = 0;
 
   // Sizes the buffers for `rows` rows (kept allocated across calls; set_row writes every byte).
   void reset(const PackedExperts& w, int64_t rows) {
     K = w.in_features, Kp = w.padded_k(), gl = w.group_len(), G = w.num_groups();
     int_scheme = is_int_scheme(w.scheme);
     f32 = !int_scheme && w.kernel->f32_acts;
-    mins = int_scheme && w.has_mins;
+    imins = int_scheme && w.has_mins && w.imin_groups > 0;
+    mins = int_scheme && w.has_mins && !imins;
+    G2 = imins ? w.imin_pairs() * 2 : 0;
     if (int_scheme) {
       q.resize(static_cast<size_t>(rows * Kp));
       s.resize(static_cast<size_t>(rows));
       asum.resize(static_cast<size_t>(rows * G));
       if (mins) asum_f32.resize(static_cast<size_t>(rows * G));
+      if (imins) asum16.resize(static_cast<size_t>(rows * G2));
     } else if (f32) {
       f.resize(static_cast<size_t>(rows * Kp));
     } else {
@@ -181,12 +186,15 @@ struct ActBuffer {
       for (int64_t k = gi * gl; k < std::min(K, (gi + 1) * gl); ++k) sum += qr[k];
       asum[size_t(row * G + gi)] = sum;
       if (mins) asum_f32[size_t(row * G + gi)] = float(sum);
+      if (imins) asum16[size_t(row * G2 + gi)] = int16_t(sum);  // |sum| <= 127 gl <= 32767 (derive_int_mins)
     }
+    for (int64_t gi = G; gi < G2; ++gi) asum16[size_t(row * G2 + gi)] = 0;
   }
   ActRows view(const int32_t* row_idx, int64_t rows) const {
     ActRows a;
     a.rows = rows, a.Kp = Kp, a.row_idx = row_idx, a.G = G;
     if (int_scheme) a.q = q.data(), a.scale = s.data(), a.asum = asum.data(), a.asum_f32 = mins ? asum_f32.data() : nullptr;
+    if (imins) a.asum16 = asum16.data(), a.G2 = G2;
     else if (f32) a.f32 = f.data();
     else a.bf16 = b.data();
     return a;

@@ -331,6 +331,76 @@ static void set_mins(PackedExperts& p, const float* mins) {
   p.mins = blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) { return mins[(e * N + n) * G + gi]; });
 }
 
+// v[0..n) = d * m[j] exactly, m[j] an integer with |m[j]| <= mmax, d one float: candidates d = a / c
+// for the nonzero a of least magnitude and c = 1..64 (K-quant mins are d * (6-bit m)). False if none.
+static bool factor_mins(const float* v, int n, int32_t mmax, float* d, int16_t* m) {
+  float a = 0.f;
+  for (int j = 0; j < n; ++j)
+    if (v[j] != 0.f && (a == 0.f || std::fabs(v[j]) < std::fabs(a))) a = v[j];
+  if (a == 0.f) {
+    *d = 0.f;
+    std::fill(m, m + n, int16_t(0));
+    return true;
+  }
+  for (int c = 1; c <= 64; ++c) {
+    const float dc = a / float(c);
+    if (dc == 0.f || !std::isfinite(dc)) return false;
+    bool ok = true;
+    for (int j = 0; j < n && ok; ++j) {
+      const double t = std::nearbyint(double(v[j]) / double(dc));
+      ok = std::fabs(t) <= mmax && double(dc) * t == double(v[j]);
+      if (ok) m[j] = int16_t(t);
+    }
+    if (ok) return (*d = dc), true;
+  }
+  return false;
+}
+
+void derive_int_mins(PackedExperts& p) {
+  constexpr int64_t S = kIMinRun;
+  const int64_t G = p.num_groups(), gl = p.group_len(), NB = p.num_blocks(), N = p.out_features;
+  if (!p.has_mins || !p.kernel || !p.kernel->int_mins || p.imin_groups || gl * 127 > 32767) return;
+  // int16 code sums (|sum| <= 127 gl) and an int32 sum of S products per run
+  const int32_t mmax = int32_t(std::min<int64_t>(32767, (int64_t(1) << 31) / (S * 127 * gl) - 1));
+  PackedExperts t;  // the indexing of the integer form, for p's shape
+  t.scheme = p.scheme, t.num_experts = p.num_experts, t.out_features = N, t.in_features = p.in_features;
+  t.group_size = p.group_size, t.imin_groups = S;
+  AlignedBuffer im(size_t(p.num_experts * NB * t.imin_pairs() * 32) * 2), dm(size_t(p.num_experts * NB * t.imin_runs() * 16) * 4);
+  std::memset(im.data(), 0, im.size());
+  std::memset(dm.data(), 0, dm.size());
+  std::atomic<bool> ok{true};
+  parallel_for(p.num_experts * NB, [&](int64_t eb) {
+    const int64_t e = eb / NB, b16 = eb % NB;
+    float v[S], d;
+    int16_t m[S];
+    for (int64_t n = 16 * b16; n < std::min(N, 16 * b16 + 16) && ok.load(std::memory_order_relaxed); ++n)
+      for (int64_t r = 0; r < t.imin_runs(); ++r) {
+        const int cnt = int(std::min(S, G - r * S));
+        for (int j = 0; j < cnt; ++j) v[j] = p.min(e, n, r * S + j);
+        if (!factor_mins(v, cnt, mmax, &d, m)) {
+          ok = false;
+          return;
+        }
+        dm.as<float>()[t.dmin_index(e, n, r)] = d;
+        for (int j = 0; j < cnt; ++j) im.as<int16_t>()[t.imin_index(e, n, r * S + j)] = m[j];
+      }
+  });
+  if (!ok) return;
+  p.imins = std::move(im), p.dmins = std::move(dm), p.imin_groups = S;
+  p.mins = AlignedBuffer();
+}
+
+void set_kernel(PackedExperts& p, const KernelDesc* kd) {
+  p.kernel = kd;
+  if (p.imin_groups && !kd->int_mins) p.mins = float_mins(p), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer(), p.imin_groups = 0;
+  derive_int_mins(p);
+}
+
+AlignedBuffer float_mins(const PackedExperts& p) {
+  if (!p.has_mins) return AlignedBuffer();
+  return blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) { return p.min(e, n, gi); });
+}
+
 PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const float* scales,
                         int64_t group_size, const uint8_t* zeros, const int8_t* codebook, const float* mins) {
   check_dims(E, N, K);
@@ -364,6 +434,7 @@ PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
                             : raw ? "[0, 15] (4-bit codebook indices)" : "[-8, 7] (signed int4)"));
   }
   p.kernel = select_kernel(p);
+  derive_int_mins(p);
   return p;
 }
 
@@ -378,6 +449,7 @@ PackedExperts pack_int8(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
   set_mins(p, mins);
   fill_panels<uint32_t>(p, q, 1, 0x80808080u);
   p.kernel = select_kernel(p);
+  derive_int_mins(p);
   return p;
 }
 

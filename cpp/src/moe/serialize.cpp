@@ -109,8 +109,11 @@ void save_packed(const PackedExperts& p, const std::string& path) {
   std::memcpy(h.codebook, p.codebook, 16);
   std::snprintf(h.kernel, sizeof h.kernel, "%s", p.kernel ? p.kernel->name : "");
   uint64_t off = align_up(kHeaderBytes);
+  // Integer mins are a kernel's form: the file holds the float mins they stand for.
+  const AlignedBuffer fmins = p.imin_groups ? float_mins(p) : AlignedBuffer();
+  const auto buffer = [&](int i) -> const AlignedBuffer& { return i == 3 && p.imin_groups ? fmins : section_buffer(p, i); };
   for (int i = 0; i < int(kSections); ++i) {
-    const AlignedBuffer& b = section_buffer(p, i);
+    const AlignedBuffer& b = buffer(i);
     section_of(h, i) = Section{off, b.size(), crc32(b.data(), b.size()), 0};
     off = align_up(off + b.size());
   }
@@ -122,7 +125,7 @@ void save_packed(const PackedExperts& p, const std::string& path) {
       throw ValueError(msg("writing '", path, "' failed: ", std::strerror(errno)));
   };
   write_at(0, &h, sizeof h);
-  for (int i = 0; i < int(kSections); ++i) write_at(section_of(h, i).offset, section_buffer(p, i).data(), section_of(h, i).bytes);
+  for (int i = 0; i < int(kSections); ++i) write_at(section_of(h, i).offset, buffer(i).data(), section_of(h, i).bytes);
   uint64_t data_end = kHeaderBytes;
   for (int i = 0; i < int(kSections); ++i)
     if (section_of(h, i).bytes) data_end = std::max<uint64_t>(data_end, section_of(h, i).offset + section_of(h, i).bytes);
@@ -204,6 +207,7 @@ PackedExperts load_packed(const std::string& path, bool use_mmap, bool verify) {
     set_k_perm(p, perm.as<int32_t>());
   }
   p.kernel = select_kernel(p);
+  derive_int_mins(p);
   return p;
 }
 

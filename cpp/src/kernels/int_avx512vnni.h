@@ -190,11 +190,13 @@ void int4_vnni_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
   else int_vnni_gemm_offset<true, false, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
 }
 
-// The int8 GEMM.
+// The int8 GEMM. With scale groups the tile is half as wide: MR x NJ int32 sums and as many fp32
+// group sums must both stay in the 32 zmm registers (6 x 4 + 6 x 4 would spill the fp32 ones).
 template <int MR, int NJ, int ND>
 void int8_vnni_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                     int64_t ldc) {
-  int_vnni_gemm_offset<false, false, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  if (w.num_groups() > 1) int_vnni_gemm_offset<false, false, MR, NJ / 2, ND>(w, e, b0, b1, a, c, ldc);
+  else int_vnni_gemm_offset<false, false, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
 }
 
 }  // namespace moe_cpu::kernels

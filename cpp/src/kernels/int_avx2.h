@@ -65,9 +65,14 @@ struct IntAvx2 {
       const ScaleIndex sx(w, e, b);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
+        // Without stored zeros the zero point's term (zc * group code sum) is the same for every column:
+        // it starts the int32 sums, and the group ends without a per-column multiply.
+        const int zc = w.has_zeros ? 0 : kInt4 ? (C == Codes::kSigned ? 0 : w.code_zero) : (D != IntDot::kMaddubs ? 128 : 0);
         __m256i acc[MR][H];
-        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
-          _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) acc[r][h] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+          const __m256i start = _mm256_set1_epi32(-zc * a.asum[a.row_idx[r0 + r] * G + gi]);
+          _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) acc[r][h] = start;
+        }
         // One k-step into acc (int4 with vpmaddubsw: into the int16 sums a16).
         [[maybe_unused]] __m256i a16[MR][H];
         const auto step_at = [&](int64_t t) __attribute__((always_inline)) {
@@ -146,16 +151,16 @@ struct IntAvx2 {
         _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
           const int64_t si = sx(h / 2, gi) + (h % 2) * 8;
           const __m256 sv = _mm256_load_ps(w.scales.as<float>() + si);
-          const int zc = kInt4 ? (C == Codes::kSigned ? 0 : w.code_zero) : (D != IntDot::kMaddubs ? 128 : 0);
-          __m256i zv = _mm256_set1_epi32(zc);
-          if (kInt4 && w.has_zeros) zv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zeros.data() + si)));
+          const bool zp = kInt4 && w.has_zeros;  // stored zero points: per column
+          const __m256i zv = zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zeros.data() + si)))
+                                : _mm256_setzero_si256();
           const __m256 mv = w.has_mins ? _mm256_load_ps(w.mins.as<float>() + si) : _mm256_setzero_ps();
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-            const int32_t as = a.asum[a.row_idx[r0 + r] * G + gi];
-            const __m256i corr = _mm256_mullo_epi32(zv, _mm256_set1_epi32(as));
-            const __m256 exact = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h], corr));
-            __m256 f = _mm256_fmadd_ps(exact, sv, _mm256_load_ps(accf[r][h]));
-            if (w.has_mins) f = _mm256_fnmadd_ps(mv, _mm256_set1_ps(float(as)), f);
+            const int64_t ai = a.row_idx[r0 + r] * G + gi;
+            __m256i exact = acc[r][h];
+            if (zp) exact = _mm256_sub_epi32(exact, _mm256_mullo_epi32(zv, _mm256_set1_epi32(a.asum[ai])));
+            __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), sv, _mm256_load_ps(accf[r][h]));
+            if (w.has_mins) f = _mm256_fnmadd_ps(mv, _mm256_broadcast_ss(a.asum_f32 + ai), f);
             _mm256_store_ps(accf[r][h], f);
           }
         }

@@ -73,8 +73,9 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
       const auto m6 = test::ints(g, size_t(E * N * G), 0, 63);
       for (int64_t i = 0; i < E * N * G; ++i) {
         const int64_t run = (i / G) * G + (i % G) / 8 * 8;
-        int ex;  // dmin with 11 significant bits, as a K-quant's fp16 dmin: the products are exact
-        const float d11 = std::ldexp(std::round(std::ldexp(std::frexp(float(dmin[size_t(run)]), &ex), 11)), ex - 11);
+        int ex = 0;  // dmin with 11 significant bits, as a K-quant's fp16 dmin: the products are exact
+        const float mant = std::frexp(float(dmin[size_t(run)]), &ex);
+        const float d11 = std::ldexp(std::round(std::ldexp(mant, 11)), ex - 11);
         mn[size_t(i)] = (run / 8) % 5 == 3 ? 0.f : d11 * float(m6[size_t(i)]);
       }
     }

@@ -61,16 +61,25 @@ struct IntAvx2 {
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(C == Codes::kSigned ? (const void*)w.codebook : (const void*)w.code_table)));
       const __m256i abs_table = _mm256_abs_epi8(table);  // kSigned: |codebook|
       alignas(32) float accf[MR][H][8] = {};
+      // Per-call constants in locals: the stores to accf would otherwise make the compiler reload them.
+      const bool has_zeros = w.has_zeros, has_mins = w.has_mins;
+      const float* scales = w.scales.as<float>();
+      const float* mins = has_mins ? w.mins.as<float>() : nullptr;
+      const uint8_t* zeros = has_zeros ? w.zeros.data() : nullptr;
+      const int32_t* asr[MR];  // each row's group code sums
+      const float* asf[MR];
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+        asr[r] = a.asum + a.row_idx[r0 + r] * G, asf[r] = has_mins ? a.asum_f32 + a.row_idx[r0 + r] * G : nullptr;
+      const int zc = has_zeros ? 0 : kInt4 ? (C == Codes::kSigned ? 0 : w.code_zero) : (D != IntDot::kMaddubs ? 128 : 0);
       NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
       const ScaleIndex sx(w, e, b);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
         // Without stored zeros the zero point's term (zc * group code sum) is the same for every column:
         // it starts the int32 sums, and the group ends without a per-column multiply.
-        const int zc = w.has_zeros ? 0 : kInt4 ? (C == Codes::kSigned ? 0 : w.code_zero) : (D != IntDot::kMaddubs ? 128 : 0);
         __m256i acc[MR][H];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-          const __m256i start = _mm256_set1_epi32(-zc * a.asum[a.row_idx[r0 + r] * G + gi]);
+          const __m256i start = _mm256_set1_epi32(-zc * asr[r][gi]);
           _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) acc[r][h] = start;
         }
         // One k-step into acc (int4 with vpmaddubsw: into the int16 sums a16).
@@ -150,17 +159,16 @@ struct IntAvx2 {
         }
         _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
           const int64_t si = sx(h / 2, gi) + (h % 2) * 8;
-          const __m256 sv = _mm256_load_ps(w.scales.as<float>() + si);
-          const bool zp = kInt4 && w.has_zeros;  // stored zero points: per column
-          const __m256i zv = zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zeros.data() + si)))
+          const __m256 sv = _mm256_load_ps(scales + si);
+          const bool zp = kInt4 && has_zeros;  // stored zero points: per column
+          const __m256i zv = zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(zeros + si)))
                                 : _mm256_setzero_si256();
-          const __m256 mv = w.has_mins ? _mm256_load_ps(w.mins.as<float>() + si) : _mm256_setzero_ps();
+          const __m256 mv = has_mins ? _mm256_load_ps(mins + si) : _mm256_setzero_ps();
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-            const int64_t ai = a.row_idx[r0 + r] * G + gi;
             __m256i exact = acc[r][h];
-            if (zp) exact = _mm256_sub_epi32(exact, _mm256_mullo_epi32(zv, _mm256_set1_epi32(a.asum[ai])));
+            if (zp) exact = _mm256_sub_epi32(exact, _mm256_mullo_epi32(zv, _mm256_set1_epi32(asr[r][gi])));
             __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), sv, _mm256_load_ps(accf[r][h]));
-            if (w.has_mins) f = _mm256_fnmadd_ps(mv, _mm256_broadcast_ss(a.asum_f32 + ai), f);
+            if (has_mins) f = _mm256_fnmadd_ps(mv, _mm256_broadcast_ss(asf[r] + gi), f);
             _mm256_store_ps(accf[r][h], f);
           }
         }

@@ -102,6 +102,12 @@ struct IntVnni {
       // code_table in every 128-bit lane (vpshufb looks up within lanes)
       const __m512i table = _mm512_maskz_broadcast_i32x4(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.code_table)));
       const float* scales = w.scales.as<float>();
+      // Per-call constants in locals (not reloaded from w and a after every store).
+      const float* mins = kOff == Offset::kMins ? w.mins.as<float>() : nullptr;
+      const uint8_t* zeros = kOff == Offset::kZeros ? w.zeros.data() : nullptr;
+      const int zc = kInt4 ? w.code_zero : layout::implicit_zero(w.scheme);
+      const int32_t* asr[MR];  // each row's group code sums
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) asr[r] = a.asum + a.row_idx[r0 + r] * G;
       __m512 accf[MR][NJ];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) accf[r][j] = _mm512_setzero_ps();
@@ -113,10 +119,9 @@ struct IntVnni {
         const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
         // Without stored zeros the implicit zero point's term (zero * group code sum) is the same for
         // every column: it starts the int32 sum, so the group ends with a plain convert.
-        const int zc = kInt4 ? w.code_zero : layout::implicit_zero(w.scheme);
         __m512i acc[MR][NJ];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-          const __m512i start = kOff == Offset::kZeros ? _mm512_setzero_si512() : _mm512_set1_epi32(-zc * a.asum[a.row_idx[r0 + r] * G + gi]);
+          const __m512i start = kOff == Offset::kZeros ? _mm512_setzero_si512() : _mm512_set1_epi32(-zc * asr[r][gi]);
           _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = start;
         }
         for (int64_t t = s0; t < s1; ++t) {
@@ -147,16 +152,16 @@ struct IntVnni {
           const int64_t si = sx(j, gi);
           const __m512 sv = _mm512_load_ps(scales + si);
           if constexpr (kOff == Offset::kZeros) {
-            const __m512i zv = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(w.zeros.data() + si)));
+            const __m512i zv = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(zeros + si)));
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-              const __m512i corr = _mm512_mullo_epi32(zv, _mm512_set1_epi32(a.asum[a.row_idx[r0 + r] * G + gi]));
+              const __m512i corr = _mm512_mullo_epi32(zv, _mm512_set1_epi32(asr[r][gi]));
               acc[r][j] = _mm512_sub_epi32(acc[r][j], corr);
             }
           }
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
             accf[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), sv, accf[r][j]);
           if constexpr (kOff == Offset::kMins) {
-            const __m512 mv = _mm512_load_ps(w.mins.as<float>() + si);
+            const __m512 mv = _mm512_load_ps(mins + si);
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) fnmadd_bcast(accf[r][j], mv, asrow[r] + gi);
           }
         }

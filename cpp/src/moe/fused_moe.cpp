@@ -442,6 +442,11 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
       for (int64_t r = 0; r < n; ++r) ap.set_perm_rows<1>(p + r, src, idx + p + r, perm);
     };
     if (P * w.in_features < (int64_t(1) << 16)) {  // decode: a few rows, cheaper than waking the pool
+      // The experts' perm rows are cold: ask for all of them at once (bandwidth, not one miss at a time).
+      for (const int64_t p : runs) {
+        const char* pr = reinterpret_cast<const char*>(w.perm_row(expert_of[size_t(p)]));
+        for (int64_t off = 0; off < w.in_features * 4; off += 64) __builtin_prefetch(pr + off);
+      }
       for (int64_t i = 0; i < int64_t(runs.size()); ++i) run(i);
     } else {
       parallel_for(int64_t(runs.size()), run);

@@ -188,14 +188,15 @@ struct ActBuffer {
       if (mins) asum_f32[size_t(row * G + gi)] = float(sum);
       if (imins) asum16[size_t(row * G2 + gi)] = int16_t(sum);  // |sum| <= 127 gl <= 32767 (derive_int_mins)
     }
-    for (int64_t gi = G; gi < G2; ++gi) asum16[size_t(row * G2 + gi)] = 0;
+    if (imins) std::fill(asum16.begin() + row * G2 + G, asum16.begin() + (row + 1) * G2, int16_t(0));  // whole runs
   }
   ActRows view(const int32_t* row_idx, int64_t rows) const {
     ActRows a;
     a.rows = rows, a.Kp = Kp, a.row_idx = row_idx, a.G = G;
-    if (int_scheme) a.q = q.data(), a.scale = s.data(), a.asum = asum.data(), a.asum_f32 = mins ? asum_f32.data() : nullptr;
-    if (imins) a.asum16 = asum16.data(), a.G2 = G2;
-    else if (f32) a.f32 = f.data();
+    if (int_scheme) {
+      a.q = q.data(), a.scale = s.data(), a.asum = asum.data(), a.asum_f32 = mins ? asum_f32.data() : nullptr;
+      if (imins) a.asum16 = asum16.data(), a.G2 = G2;
+    } else if (f32) a.f32 = f.data();
     else a.bf16 = b.data();
     return a;
   }

@@ -85,7 +85,6 @@ struct IntAvx2 {
         // One k-step into acc (int4 with vpmaddubsw: into the int16 sums a16).
         [[maybe_unused]] __m256i a16[MR][H];
         const auto step_at = [&](int64_t t) __attribute__((always_inline)) {
-          if constexpr (MR > 1) pf.step();
           if constexpr (MR == 1)  // decode streams weights from DRAM: each panel ~one panel ahead, into L2
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
           if constexpr (D != IntDot::kMaddubs) {  // weights first, then one row's broadcasts at a time
@@ -149,13 +148,22 @@ struct IntAvx2 {
           for (int64_t q0 = s0; q0 < s1; q0 += 4) {
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
               _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) a16[r][h] = _mm256_setzero_si256();
-            for (int64_t t = q0, q1 = std::min(s1, q0 + 4); t < q1; ++t) step_at(t);
+            for (int64_t t = q0, q1 = std::min(s1, q0 + 4); t < q1; ++t) {
+              if constexpr (MR > 1) pf.step();
+              step_at(t);
+            }
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
               _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h)
                 acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(a16[r][h], ones));
           }
+        } else if (!kInt4 && s1 - s0 == 4) {  // int8 group 16 (Q6_K): unrolled, one prefetch call per group
+          if constexpr (MR > 1) pf.steps(4);
+          step_at(s0), step_at(s0 + 1), step_at(s0 + 2), step_at(s0 + 3);
         } else {
-          for (int64_t t = s0; t < s1; ++t) step_at(t);
+          for (int64_t t = s0; t < s1; ++t) {
+            if constexpr (MR > 1) pf.step();
+            step_at(t);
+          }
         }
         _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
           const int64_t si = sx(h / 2, gi) + (h % 2) * 8;

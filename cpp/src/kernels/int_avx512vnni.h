@@ -124,8 +124,7 @@ struct IntVnni {
           const __m512i start = kOff == Offset::kZeros ? _mm512_setzero_si512() : _mm512_set1_epi32(-zc * asr[r][gi]);
           _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = start;
         }
-        for (int64_t t = s0; t < s1; ++t) {
-          if constexpr (MR > 1) pf.step();
+        const auto step_at = [&](int64_t t) __attribute__((always_inline)) {
           if constexpr (MR == 1)  // decode streams weights from DRAM; larger tiles reuse them from L2
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * 64 + kPrefetchBytes), _MM_HINT_T1);
           if constexpr (kInt4) {
@@ -146,6 +145,15 @@ struct IntVnni {
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) wv[j] = _mm512_load_si512(panel[j] + t * 64);
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
               _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbusd_bcast(acc[r][j], wv[j], arow[r] + t * 4);
+          }
+        };
+        if (!kInt4 && s1 - s0 == 4) {  // int8 group 16 (Q6_K): unrolled, one prefetch call per group
+          if constexpr (MR > 1) pf.steps(4);
+          step_at(s0), step_at(s0 + 1), step_at(s0 + 2), step_at(s0 + 3);
+        } else {
+          for (int64_t t = s0; t < s1; ++t) {
+            if constexpr (MR > 1) pf.step();
+            step_at(t);
           }
         }
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {

@@ -64,6 +64,13 @@ struct NextGroupPrefetch {
     for (int i = 0; i < N; ++i) __builtin_prefetch(base + std::min((pos >> 16) + 64 * i, last), 0, 2);
     pos += rate;
   }
+  // n steps at once: one line per 64 bytes of [pos, pos + n * rate) (for short scale groups, where
+  // a call per step costs as much as the step).
+  void steps(int64_t n) {
+    const uint64_t end = pos + uint64_t(n) * rate;
+    for (; pos < end; pos += uint64_t(64) << 16) __builtin_prefetch(base + std::min(pos >> 16, last), 0, 2);
+    pos = end;
+  }
 };
 
 // Index in the scales / zeros arrays of (block b + j, group gi, column 0) of expert e: the same as

@@ -51,7 +51,7 @@ struct IntAvx2 {
                     int64_t ldc) {
       constexpr int64_t step = kInt4 ? 8 : 4;
       constexpr int H = 2 * NJ;  // ymm halves (8 columns each)
-      const int64_t G = w.num_groups(), gl = w.group_len(), Kp = a.Kp;
+      const int64_t G = a.G, gl = w.group_len(), Kp = a.Kp;  // a.G: w.num_groups() without a division
       const uint8_t* panel[NJ];
       for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
       const int8_t* arow[MR];
@@ -72,7 +72,7 @@ struct IntAvx2 {
         asr[r] = a.asum + a.row_idx[r0 + r] * G, asf[r] = has_mins ? a.asum_f32 + a.row_idx[r0 + r] * G : nullptr;
       const int zc = has_zeros ? 0 : kInt4 ? (C == Codes::kSigned ? 0 : w.code_zero) : (D != IntDot::kMaddubs ? 128 : 0);
       NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
-      const ScaleIndex sx(w, e, b);
+      const ScaleIndex sx(w, e, b, G);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
         // Without stored zeros the zero point's term (zc * group code sum) is the same for every column:

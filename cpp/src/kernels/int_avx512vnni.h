@@ -61,7 +61,7 @@ template <int MR, int NJ>
 __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0,
                                              float* corr) {
   constexpr int64_t S2 = kIMinRun / 2;  // pairs per run (imin_groups is kIMinRun)
-  const int64_t P2 = w.imin_pairs(), runs = w.imin_runs(), NB = w.num_blocks();
+  const int64_t P2 = a.G2 / 2, runs = a.G2 / kIMinRun, NB = w.num_blocks();  // a.G2 = 2 w.imin_pairs(): no divisions
   const int16_t* as[MR];
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) as[r] = a.asum16 + a.row_idx[r0 + r] * a.G2;
   for (int j = 0; j < NJ; ++j) {
@@ -90,7 +90,7 @@ struct IntVnni {
     static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
                     int64_t ldc) {
       constexpr int64_t step = kInt4 ? 8 : 4;
-      const int64_t G = w.num_groups(), gl = w.group_len(), Kp = a.Kp;
+      const int64_t G = a.G, gl = w.group_len(), Kp = a.Kp;  // a.G: w.num_groups() without a division
       const uint8_t* panel[NJ];
       _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
       const int8_t* arow[MR];
@@ -112,7 +112,7 @@ struct IntVnni {
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) accf[r][j] = _mm512_setzero_ps();
       NextGroupPrefetch<(MR * NJ + 15) / 16> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
-      const ScaleIndex sx(w, e, b);
+      const ScaleIndex sx(w, e, b, G);
       alignas(64) float corr[kOff == Offset::kIntMins ? MR * NJ * 16 : 1];
       if constexpr (kOff == Offset::kIntMins) int_mins_term<MR, NJ>(w, e, b, a, r0, corr);
       for (int64_t gi = 0; gi < G; ++gi) {

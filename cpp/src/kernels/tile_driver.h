@@ -78,6 +78,8 @@ struct NextGroupPrefetch {
 struct ScaleIndex {
   int64_t base, G;
   ScaleIndex(const PackedExperts& w, int64_t e, int64_t b) : base(w.scale_index(e, 16 * b, 0)), G(w.num_groups()) {}
+  // With G = w.num_groups() known (ActRows::G): no division per tile.
+  ScaleIndex(const PackedExperts& w, int64_t e, int64_t b, int64_t G_) : base((e * w.num_blocks() + b) * G_ * 16), G(G_) {}
   int64_t operator()(int64_t j, int64_t gi) const { return base + (j * G + gi) * 16; }
 };
 

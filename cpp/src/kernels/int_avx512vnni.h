@@ -72,7 +72,8 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
     for (int64_t s = 0; s < runs; ++s) {
       __m512i acc[MR];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
-      _Pragma("GCC unroll 4") for (int64_t p = s * S2; p < (s + 1) * S2; ++p) {
+      _Pragma("GCC unroll 4") for (int q = 0; q < S2; ++q) {  // a compile-time count: fully unrolled
+        const int64_t p = s * S2 + q;
         const __m512i mv = _mm512_load_si512(im + p * 32);
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) dpwssd_bcast(acc[r], mv, as[r] + 2 * p);
       }

@@ -156,17 +156,8 @@ struct IntAvx2 {
               _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h)
                 acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(a16[r][h], ones));
           }
-        } else if (!kInt4 && s1 - s0 == 4) {  // int8 group 16 (Q6_K): unrolled, one prefetch call per group
-          if constexpr (MR > 1) pf.steps(4);
-          step_at(s0), step_at(s0 + 1), step_at(s0 + 2), step_at(s0 + 3);
-        } else if (!kInt4 && s1 - s0 == 8) {  // int8 group 32 (Q5_K)
-          if constexpr (MR > 1) pf.steps(8);
-          _Pragma("GCC unroll 8") for (int q = 0; q < 8; ++q) step_at(s0 + q);
         } else {
-          for (int64_t t = s0; t < s1; ++t) {
-            if constexpr (MR > 1) pf.step();
-            step_at(t);
-          }
+          group_steps<!kInt4, (MR > 1)>(pf, s0, s1, step_at);
         }
         _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
           const int64_t si = sx(h / 2, gi) + (h % 2) * 8;

@@ -73,6 +73,25 @@ struct NextGroupPrefetch {
   }
 };
 
+// The k-steps [s0, s1) of one scale group, each through step(t), with the tile's next-group prefetch
+// (kPrefetch: row tiles). With kUnroll (int8), groups of 4 and 8 steps (Q6_K's 16, Q5_K's 32) are unrolled
+// with one prefetch call per group: a call per step costs as much as a quarter of a short step.
+template <bool kUnroll, bool kPrefetch, class PF, class Step>
+inline __attribute__((always_inline)) void group_steps(PF& pf, int64_t s0, int64_t s1, const Step& step) {
+  if (kUnroll && s1 - s0 == 4) {
+    if constexpr (kPrefetch) pf.steps(4);
+    _Pragma("GCC unroll 4") for (int q = 0; q < 4; ++q) step(s0 + q);
+  } else if (kUnroll && s1 - s0 == 8) {
+    if constexpr (kPrefetch) pf.steps(8);
+    _Pragma("GCC unroll 8") for (int q = 0; q < 8; ++q) step(s0 + q);
+  } else {
+    for (int64_t t = s0; t < s1; ++t) {
+      if constexpr (kPrefetch) pf.step();
+      step(t);
+    }
+  }
+}
+
 // Index in the scales / zeros arrays of (block b + j, group gi, column 0) of expert e: the same as
 // w.scale_index, without its division per call (kernels look it up per block and scale group).
 struct ScaleIndex {

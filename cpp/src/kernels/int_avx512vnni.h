@@ -64,24 +64,36 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
   const int64_t P2 = a.G2 / 2, runs = a.G2 / kIMinRun, NB = w.num_blocks();  // a.G2 = 2 w.imin_pairs(): no divisions
   const int16_t* as[MR];
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) as[r] = a.asum16 + a.row_idx[r0 + r] * a.G2;
-  for (int j = 0; j < NJ; ++j) {
-    const int16_t* im = w.imins.as<int16_t>() + (e * NB + b + j) * P2 * 32;
-    const float* dm = w.dmins.as<float>() + (e * NB + b + j) * runs * 16;
-    __m512 sum[MR];
-    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) sum[r] = _mm512_setzero_ps();
-    for (int64_t s = 0; s < runs; ++s) {
-      __m512i acc[MR];
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
-      _Pragma("GCC unroll 4") for (int q = 0; q < S2; ++q) {  // a compile-time count: fully unrolled
-        const int64_t p = s * S2 + q;
-        const __m512i mv = _mm512_load_si512(im + p * 32);
-        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) dpwssd_bcast(acc[r], mv, as[r] + 2 * p);
+  // Panels inner: each row's code-sum pair is broadcast once into a register for the NJ panels
+  // (as in the main loop: the {1to16} operand would load it per vpdpwssd).
+  const int16_t* im = w.imins.as<int16_t>() + (e * NB + b) * P2 * 32;  // panel j at + j * P2 * 32
+  const float* dm = w.dmins.as<float>() + (e * NB + b) * runs * 16;     // panel j at + j * runs * 16
+  __m512 sum[MR][NJ];
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+    _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) sum[r][j] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < runs; ++s) {
+    __m512i acc[MR][NJ];
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 4") for (int q = 0; q < S2; ++q) {  // a compile-time count: fully unrolled
+      const int64_t p = s * S2 + q;
+      __m512i mv[NJ];
+      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) mv[j] = _mm512_load_si512(im + (j * P2 + p) * 32);
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, as[r] + 2 * p, 4);
+        const __m512i av = _mm512_set1_epi32(pair);
+        _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j)
+          asm("vpdpwssd %[a], %[m], %[acc]" : [acc] "+v"(acc[r][j]) : [m] "v"(mv[j]), [a] "v"(av));
       }
-      const __m512 dv = _mm512_load_ps(dm + s * 16);
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), dv, sum[r]);
     }
-    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) _mm512_store_ps(corr + (r * NJ + j) * 16, sum[r]);
+    _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+      const __m512 dv = _mm512_load_ps(dm + (j * runs + s) * 16);
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) sum[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), dv, sum[r][j]);
+    }
   }
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+    _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm512_store_ps(corr + (r * NJ + j) * 16, sum[r][j]);
 }
 
 template <bool kInt4, bool kShuffle = false, Offset kOff = Offset::kImplicit>

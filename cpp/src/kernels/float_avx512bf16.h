@@ -139,11 +139,19 @@ struct FloatBf16 {
             if constexpr (kFp8) wv[j] = e4m3_to_bf16(_mm256_load_si256(reinterpret_cast<const __m256i*>(panel[j] + t * 32)));
             else wv[j] = _mm512_load_si512(panel[j] + t * 64);
           }
-          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
-            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-              if constexpr (kFp8) dpbf16_bcast(acc[r][j], wv[j], arow[r] + 2 * t);
-              else dpbf16_bcast(accf[r][j], wv[j], arow[r] + 2 * t);
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+            if constexpr (!kFp8 && MR > 1 && NJ >= 2) {  // the row's pair broadcast once for the NJ panels
+              int32_t pair;                               // (the {1to16} operand loads it per instruction,
+              std::memcpy(&pair, arow[r] + 2 * t, 4);     // and those loads bound the tile)
+              const __m512i av = _mm512_set1_epi32(pair);
+              _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbf16(accf[r][j], wv[j], av);
+            } else {
+              _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+                if constexpr (kFp8) dpbf16_bcast(acc[r][j], wv[j], arow[r] + 2 * t);
+                else dpbf16_bcast(accf[r][j], wv[j], arow[r] + 2 * t);
+              }
             }
+          }
         }
         if constexpr (kFp8) {
           _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {

@@ -123,11 +123,20 @@ struct FloatBf16 {
               _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * kRow + kPrefetchBytes), _MM_HINT_T1);
             __m512i w0[NJ], w1[NJ];
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dec.decode(_mm512_loadu_si512(panel[j] + t * 32), w0[j], w1[j]);
-            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
-              _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-                dpbf16_bcast(acc[r][j], w0[j], arow[r] + 2 * t);
-                dpbf16_bcast(acc[r][j], w1[j], arow[r] + 2 * t + 2);
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+              if constexpr (MR > 1 && NJ >= 2) {  // each pair broadcast once for the NJ panels (see below)
+                int32_t p0, p1;
+                std::memcpy(&p0, arow[r] + 2 * t, 4);
+                std::memcpy(&p1, arow[r] + 2 * t + 2, 4);
+                const __m512i a0 = _mm512_set1_epi32(p0), a1 = _mm512_set1_epi32(p1);
+                _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbf16(acc[r][j], w0[j], a0), dpbf16(acc[r][j], w1[j], a1);
+              } else {
+                _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+                  dpbf16_bcast(acc[r][j], w0[j], arow[r] + 2 * t);
+                  dpbf16_bcast(acc[r][j], w1[j], arow[r] + 2 * t + 2);
+                }
               }
+            }
           }
         }
         for (; t < s1; ++t) {  // (VBMI: a group's odd last k-step)
@@ -140,11 +149,11 @@ struct FloatBf16 {
             else wv[j] = _mm512_load_si512(panel[j] + t * 64);
           }
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-            if constexpr (!kFp8 && MR > 1 && NJ >= 2) {  // the row's pair broadcast once for the NJ panels
+            if constexpr (MR > 1 && NJ >= 2) {  // the row's pair broadcast once for the NJ panels
               int32_t pair;                               // (the {1to16} operand loads it per instruction,
               std::memcpy(&pair, arow[r] + 2 * t, 4);     // and those loads bound the tile)
               const __m512i av = _mm512_set1_epi32(pair);
-              _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbf16(accf[r][j], wv[j], av);
+              _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbf16(kFp8 ? acc[r][j] : accf[r][j], wv[j], av);
             } else {
               _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
                 if constexpr (kFp8) dpbf16_bcast(acc[r][j], wv[j], arow[r] + 2 * t);

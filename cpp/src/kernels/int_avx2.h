@@ -106,6 +106,25 @@ struct IntAvx2 {
                 _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) dpbusd_ymm<D>(acc[r][h], u[H + h], b1);
               }
             }
+          } else if constexpr (kInt4 && C != Codes::kSigned) {
+            // vpmaddubsw into the int16 sums: all halves' codes first, then one row's two broadcasts at a
+            // time (with the broadcasts of every row live across the halves, the int16 sums spilled).
+            __m256i lo[H], hi[H];
+            _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
+              const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
+              lo[h] = _mm256_and_si256(v, low4), hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+              if constexpr (C == Codes::kTable) lo[h] = _mm256_shuffle_epi8(table, lo[h]), hi[h] = _mm256_shuffle_epi8(table, hi[h]);
+            }
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+              int32_t a0, a1;
+              std::memcpy(&a0, arow[r] + t * 8, 4);
+              std::memcpy(&a1, arow[r] + t * 8 + 4, 4);
+              const __m256i b0 = _mm256_set1_epi32(a0), b1 = _mm256_set1_epi32(a1);
+              _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
+                a16[r][h] = _mm256_add_epi16(a16[r][h], _mm256_maddubs_epi16(lo[h], b0));
+                a16[r][h] = _mm256_add_epi16(a16[r][h], _mm256_maddubs_epi16(hi[h], b1));
+              }
+            }
           } else {  // vpmaddubsw + vpmaddwd
             _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
               const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
@@ -120,16 +139,6 @@ struct IntAvx2 {
                   const __m256i p0 = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(_mm256_set1_epi32(a0), slo));
                   const __m256i p1 = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(_mm256_set1_epi32(a1), shi));
                   acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)));
-                }
-              } else if constexpr (kInt4) {
-                __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-                if constexpr (C == Codes::kTable) lo = _mm256_shuffle_epi8(table, lo), hi = _mm256_shuffle_epi8(table, hi);
-                _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-                  int32_t a0, a1;
-                  std::memcpy(&a0, arow[r] + t * 8, 4);
-                  std::memcpy(&a1, arow[r] + t * 8 + 4, 4);
-                  a16[r][h] = _mm256_add_epi16(a16[r][h], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a0)));
-                  a16[r][h] = _mm256_add_epi16(a16[r][h], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a1)));
                 }
               } else {
                 const __m256i sw = _mm256_xor_si256(v, flip), aw = _mm256_abs_epi8(sw);

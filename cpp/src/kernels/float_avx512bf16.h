@@ -25,6 +25,21 @@ inline void dpbf16_bcast(__m512& acc, __m512i w, const uint16_t* p) {
   asm("vdpbf16ps %[m]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [m] "m"(*reinterpret_cast<const int32_t*>(p)));
 }
 
+// acc[j] += w[j] . (the bf16 pair at p) for the NJ panels of one row. kShare (row tiles with NJ >= 2):
+// the pair broadcast once into a register for every panel; the {1to16} form loads it per vdpbf16ps,
+// and those loads bound the tile. Else {1to16}: decode tiles (one row) and one-panel tiles.
+template <bool kShare, int NJ>
+inline __attribute__((always_inline)) void dpbf16_row(__m512 (&acc)[NJ], const __m512i (&w)[NJ], const uint16_t* p) {
+  if constexpr (kShare) {
+    int32_t pair;
+    std::memcpy(&pair, p, 4);
+    const __m512i av = _mm512_set1_epi32(pair);
+    _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbf16(acc[j], w[j], av);
+  } else {
+    _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbf16_bcast(acc[j], w[j], p);
+  }
+}
+
 inline int32_t load_pair(const uint16_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -96,6 +111,7 @@ struct FloatBf16 {
   struct Micro {
     static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
                     int64_t ldc) {
+      constexpr bool kShare = MR > 1 && NJ >= 2;  // see dpbf16_row
       const int64_t G = kFp8 ? w.num_groups() : 1, gl = w.group_len(), Kp = a.Kp;
       const uint8_t* panel[NJ];
       _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
@@ -123,20 +139,8 @@ struct FloatBf16 {
               _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * kRow + kPrefetchBytes), _MM_HINT_T1);
             __m512i w0[NJ], w1[NJ];
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dec.decode(_mm512_loadu_si512(panel[j] + t * 32), w0[j], w1[j]);
-            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-              if constexpr (MR > 1 && NJ >= 2) {  // each pair broadcast once for the NJ panels (see below)
-                int32_t p0, p1;
-                std::memcpy(&p0, arow[r] + 2 * t, 4);
-                std::memcpy(&p1, arow[r] + 2 * t + 2, 4);
-                const __m512i a0 = _mm512_set1_epi32(p0), a1 = _mm512_set1_epi32(p1);
-                _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbf16(acc[r][j], w0[j], a0), dpbf16(acc[r][j], w1[j], a1);
-              } else {
-                _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-                  dpbf16_bcast(acc[r][j], w0[j], arow[r] + 2 * t);
-                  dpbf16_bcast(acc[r][j], w1[j], arow[r] + 2 * t + 2);
-                }
-              }
-            }
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+              dpbf16_row<kShare>(acc[r], w0, arow[r] + 2 * t), dpbf16_row<kShare>(acc[r], w1, arow[r] + 2 * t + 2);
           }
         }
         for (; t < s1; ++t) {  // (VBMI: a group's odd last k-step)
@@ -149,17 +153,8 @@ struct FloatBf16 {
             else wv[j] = _mm512_load_si512(panel[j] + t * 64);
           }
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-            if constexpr (MR > 1 && NJ >= 2) {  // the row's pair broadcast once for the NJ panels
-              int32_t pair;                               // (the {1to16} operand loads it per instruction,
-              std::memcpy(&pair, arow[r] + 2 * t, 4);     // and those loads bound the tile)
-              const __m512i av = _mm512_set1_epi32(pair);
-              _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbf16(kFp8 ? acc[r][j] : accf[r][j], wv[j], av);
-            } else {
-              _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-                if constexpr (kFp8) dpbf16_bcast(acc[r][j], wv[j], arow[r] + 2 * t);
-                else dpbf16_bcast(accf[r][j], wv[j], arow[r] + 2 * t);
-              }
-            }
+            if constexpr (kFp8) dpbf16_row<kShare>(acc[r], wv, arow[r] + 2 * t);
+            else dpbf16_row<kShare>(accf[r], wv, arow[r] + 2 * t);
           }
         }
         if constexpr (kFp8) {

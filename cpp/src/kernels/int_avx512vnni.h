@@ -38,9 +38,23 @@ inline void dpbusd_bcast(__m512i& acc, __m512i u8, const int8_t* p) {
   asm("vpdpbusd %[m]%{1to16%}, %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u8), [m] "m"(*reinterpret_cast<const int32_t*>(p)));
 }
 
-// acc += pairs of int16 products, with the int16 pair at p broadcast ({1to16}): the integer mins.
-inline void dpwssd_bcast(__m512i& acc, __m512i m, const int16_t* p) {
-  asm("vpdpwssd %[p]%{1to16%}, %[m], %[acc]" : [acc] "+v"(acc) : [m] "v"(m), [p] "m"(*reinterpret_cast<const int32_t*>(p)));
+// acc[j] += dot4(u8[j], the 4 bytes at p) for the NJ panels of one row. kShare (row tiles with
+// NJ >= 2): the bytes broadcast once into a register for every panel; the {1to16} form loads them
+// per vpdpbusd, and those loads bound the tile (13-18% at M = 1024 on Zen 5). Else {1to16}: decode
+// (one row, 8 panels) has no register to spare.
+template <bool kShare, int NJ>
+inline __attribute__((always_inline)) void dpbusd_row(__m512i (&acc)[NJ], const __m512i (&u8)[NJ], const int8_t* p) {
+  if constexpr (kShare) {
+    const __m512i av = _mm512_set1_epi32(load_i32(p));
+    _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbusd(acc[j], u8[j], av);
+  } else {
+    _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbusd_bcast(acc[j], u8[j], p);
+  }
+}
+
+// acc += pairs of int16 products (the integer mins: imin pairs by code-sum pairs).
+inline void dpwssd(__m512i& acc, __m512i m, __m512i a) {
+  asm("vpdpwssd %[a], %[m], %[acc]" : [acc] "+v"(acc) : [m] "v"(m), [a] "v"(a));
 }
 
 // acc -= m * (*p broadcast): the mins term, with the code sum read by the FMA's own broadcast.
@@ -65,7 +79,7 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
   const int16_t* as[MR];
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) as[r] = a.asum16 + a.row_idx[r0 + r] * a.G2;
   // Panels inner: each row's code-sum pair is broadcast once into a register for the NJ panels
-  // (as in the main loop: the {1to16} operand would load it per vpdpwssd).
+  // (as in dpbusd_row).
   const int16_t* im = w.imins.as<int16_t>() + (e * NB + b) * P2 * 32;  // panel j at + j * P2 * 32
   const float* dm = w.dmins.as<float>() + (e * NB + b) * runs * 16;     // panel j at + j * runs * 16
   __m512 sum[MR][NJ];
@@ -83,8 +97,7 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
         int32_t pair;
         std::memcpy(&pair, as[r] + 2 * p, 4);
         const __m512i av = _mm512_set1_epi32(pair);
-        _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j)
-          asm("vpdpwssd %[a], %[m], %[acc]" : [acc] "+v"(acc[r][j]) : [m] "v"(mv[j]), [a] "v"(av));
+        _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpwssd(acc[r][j], mv[j], av);
       }
     }
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
@@ -103,6 +116,7 @@ struct IntVnni {
     static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
                     int64_t ldc) {
       constexpr int64_t step = kInt4 ? 8 : 4;
+      constexpr bool kShare = MR > 1 && NJ >= 2;  // see dpbusd_row
       const int64_t G = a.G, gl = w.group_len(), Kp = a.Kp;  // a.G: w.num_groups() without a division
       const uint8_t* panel[NJ];
       _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
@@ -148,31 +162,12 @@ struct IntVnni {
               hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
               if constexpr (kShuffle) lo[j] = _mm512_shuffle_epi8(table, lo[j]), hi[j] = _mm512_shuffle_epi8(table, hi[j]);
             }
-            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-              // Row tiles with NJ >= 2: one broadcast load per row and half, shared by the panels. The {1to16} form loads
-              // it once per vpdpbusd, and those loads bound the tile (13-18% at M = 1024 on Zen 5). Decode
-              // (MR = 1, 8 panels) keeps it: the two broadcast registers would spill there.
-              if constexpr (MR > 1 && NJ >= 2) {
-                const __m512i a0 = _mm512_set1_epi32(load_i32(arow[r] + t * 8)), a1 = _mm512_set1_epi32(load_i32(arow[r] + t * 8 + 4));
-                _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbusd(acc[r][j], lo[j], a0), dpbusd(acc[r][j], hi[j], a1);
-              } else {
-                _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-                  dpbusd_bcast(acc[r][j], lo[j], arow[r] + t * 8);
-                  dpbusd_bcast(acc[r][j], hi[j], arow[r] + t * 8 + 4);
-                }
-              }
-            }
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+              dpbusd_row<kShare>(acc[r], lo, arow[r] + t * 8), dpbusd_row<kShare>(acc[r], hi, arow[r] + t * 8 + 4);
           } else {
             __m512i wv[NJ];
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) wv[j] = _mm512_load_si512(panel[j] + t * 64);
-            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-              if constexpr (MR > 1 && NJ >= 2) {  // one broadcast per row, as above
-                const __m512i av = _mm512_set1_epi32(load_i32(arow[r] + t * 4));
-                _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbusd(acc[r][j], wv[j], av);
-              } else {
-                _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpbusd_bcast(acc[r][j], wv[j], arow[r] + t * 4);
-              }
-            }
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) dpbusd_row<kShare>(acc[r], wv, arow[r] + t * 4);
           }
         };
         group_steps<!kInt4, (MR > 1)>(pf, s0, s1, step_at);

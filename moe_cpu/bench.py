@@ -61,13 +61,26 @@ def _kquant_mins(rng, E, N, G):
     return np.ascontiguousarray((d * m6).reshape(E, N, runs * 8)[:, :, :G])
 
 
+def _kquant_scales(rng, E, N, G, lo, hi):
+    """Scales as K-quants and IQ4_XS hold them: an fp16 d per run of 8 groups times integers in [lo, hi]."""
+    runs = -(-G // 8)
+    d = (rng.random((E, N, runs, 1), dtype=np.float32) * 0.001).astype(np.float16).astype(np.float32)
+    sc = rng.integers(lo, hi + 1, (E, N, runs, 8)).astype(np.float32)
+    return np.ascontiguousarray((d * sc).reshape(E, N, runs * 8)[:, :, :G])
+
+
+# Super-block scale integers of the int4 forms whose files hold them (Q4_K: 6-bit, IQ4_XS: 6-bit - 32).
+KSCALES = {"q4_k": (0, 63), "iq4_xs": (-32, 31)}
+
+
 def random_codes(rng, scheme, E, N, K):
     """Random codes and scales for `scheme`, as a function that packs them (values do not matter for
     speed; no float32 copy). Timing that function times the packing alone."""
     shape = (E, N, K)
     if scheme in FORMS:
         sch, g, cb, with_mins = FORMS[scheme]
-        s = rng.random((E, N, K // g), dtype=np.float32) * 0.01
+        s = (_kquant_scales(rng, E, N, K // g, *KSCALES[scheme]) if scheme in KSCALES
+             else rng.random((E, N, K // g), dtype=np.float32) * 0.01)
         m = _kquant_mins(rng, E, N, K // g) if with_mins else None
         if sch == "int8_w8a8":
             q8 = rng.integers(-32, 32, shape, dtype=np.int8)

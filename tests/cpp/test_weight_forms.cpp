@@ -26,6 +26,9 @@ struct FormCase {
   bool mins;
   int64_t rows, N, K, group;
   bool kquant = false;  // mins = dmin * (6-bit m) per run of 8 groups: kernels with int_mins take them as integers
+  // scales = d * (6-bit sc, or sc - 32 without mins: IQ4_XS) per run of 8 groups: int4 kernels with
+  // int_scales take them as integers
+  bool kscales = false;
 };
 const FormCase kForms[] = {
     {"Iq4nl_M1", true, kIq4nl, false, 1, 40, 256, 32},
@@ -47,6 +50,10 @@ const FormCase kForms[] = {
     {"Unsigned_KMins_M7", true, kUnsigned, true, 7, 70, 288, 32, true},   // 9 groups: a short run, a padded pair
     {"Int8_G32_KMins_M1", false, nullptr, true, 1, 64, 256, 32, true},    // Q5_K
     {"Int8_G32_KMins_M13", false, nullptr, true, 13, 40, 320, 32, true},
+    {"Unsigned_KScales_KMins_M1", true, kUnsigned, true, 1, 80, 512, 32, true, true},  // Q4_K as files hold it
+    {"Unsigned_KScales_KMins_M7", true, kUnsigned, true, 7, 70, 288, 32, true, true},  // 9 groups: a short run
+    {"Iq4nl_KScales_M1", true, kIq4nl, false, 1, 48, 256, 32, false, true},            // IQ4_XS
+    {"Iq4nl_KScales_M6", true, kIq4nl, false, 6, 40, 320, 32, false, true},            // 10 groups
 };
 
 class WeightFormTest : public ::testing::TestWithParam<const KernelDesc*> {};
@@ -79,12 +86,23 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
         mn[size_t(i)] = (run / 8) % 5 == 3 ? 0.f : d11 * float(m6[size_t(i)]);
       }
     }
+    if (c.kscales) {  // one d per (row, run of 8 groups), 11 significant bits as an fp16 d, times small integers
+      const auto d = test::gaussian(g, size_t(E * N * G), 0.1f);
+      const auto sc = c.mins ? test::ints(g, size_t(E * N * G), 0, 63) : test::ints(g, size_t(E * N * G), -32, 31);
+      for (int64_t i = 0; i < E * N * G; ++i) {
+        const int64_t run = (i / G) * G + (i % G) / 8 * 8;
+        int ex = 0;
+        const float mant = std::frexp(float(d[size_t(run)]), &ex);
+        s[size_t(i)] = std::ldexp(std::round(std::ldexp(mant, 11)), ex - 11) * float(sc[size_t(i)]);
+      }
+    }
     if (extremes) std::fill(s.begin(), s.end(), 1.0f);
     PackedExperts p = c.int4 ? pack_int4(q.data(), E, N, K, s.data(), c.group, nullptr, c.codebook, c.mins ? mn.data() : nullptr)
                              : pack_int8(q.data(), E, N, K, s.data(), c.group, c.mins ? mn.data() : nullptr);
     if (kd->supports && !kd->supports(p)) continue;
     set_kernel(p, kd);
     if (c.kquant) EXPECT_EQ(p.imin_groups, kd->int_mins ? 8 : 0) << "integer mins";
+    if (c.kscales) EXPECT_EQ(p.iscale_groups, kd->int_scales ? 8 : 0) << "integer scales";
     ++ran;
     // activations: random, or +-127 of one sign per row (the extremes of every int16 / int32 sum)
     auto aq = test::ints(g, size_t(R * K), -127, 127);

@@ -22,18 +22,30 @@ def kquant_mins(rng, E, N, G):
     return np.ascontiguousarray((d * rng.integers(0, 64, (E, N, runs, 8))).reshape(E, N, -1)[:, :, :G], np.float32)
 
 
+def kquant_scales(rng, E, N, G, lo, hi, K):
+    """Scales as Q4_K (lo, hi = 0, 63) and IQ4_XS (-32, 31) hold them: an fp16 d per run of 8 groups times
+    integers; every third run all zero."""
+    runs = -(-G // 8)
+    d = (rng.uniform(0.5, 1.5, (E, N, runs, 1)) / (4 * max(abs(lo), hi) * np.sqrt(K))).astype(np.float16).astype(np.float32)
+    sc = rng.integers(lo, hi + 1, (E, N, runs, 8))
+    sc[:, :, 2::3] = 0
+    return np.ascontiguousarray((d * sc).reshape(E, N, -1)[:, :, :G], np.float32)
+
+
 def form_weights(rng, form, E, N, K):
     """(RefWeights, PackedExperts) of random codes in a GGUF-like form, outputs of unit scale."""
-    if form in ("iq4nl", "mxfp4", "q4k", "q4k_dmin"):
-        cb = {"iq4nl": IQ4_NL, "mxfp4": MXFP4, "q4k": UNSIGNED, "q4k_dmin": UNSIGNED}[form]
+    if form in ("iq4nl", "mxfp4", "q4k", "q4k_dmin", "q4k_ks", "iq4xs"):
+        cb = {"iq4nl": IQ4_NL, "mxfp4": MXFP4, "iq4xs": IQ4_NL}.get(form, UNSIGNED)
         g, G = 32, K // 32
         q = rng.integers(0, 16, (E, N, K)).astype(np.uint8)
-        if form == "mxfp4":   # power-of-two scales, as MXFP4's e8m0 bytes give
+        if form in ("q4k_ks", "iq4xs"):   # d * int per run of 8 groups, as the files hold them
+            s = kquant_scales(rng, E, N, G, *((0, 63) if form == "q4k_ks" else (-32, 31)), K)
+        elif form == "mxfp4":   # power-of-two scales, as MXFP4's e8m0 bytes give
             s = np.ldexp(np.float32(1), rng.integers(-3, 0, (E, N, G)) - int(np.log2(np.sqrt(K)) + 2)).astype(np.float32)
         else:
             s = (rng.uniform(0.5, 1.5, (E, N, G)) / ((60 if form == "iq4nl" else 8) * np.sqrt(K))).astype(np.float32)
         m = (s * rng.uniform(0, 15, (E, N, G))).astype(np.float32) if form == "q4k" else None
-        m = kquant_mins(rng, E, N, G) if form == "q4k_dmin" else m
+        m = kquant_mins(rng, E, N, G) if form in ("q4k_dmin", "q4k_ks") else m
         return (ref.RefWeights.int4(q, s, g, codebook=cb, mins=m),
                 moe_cpu.pack_int4(q, s, g, codebook=cb, mins=m))
     g = 16 if form == "q6k" else 32
@@ -45,7 +57,7 @@ def form_weights(rng, form, E, N, K):
     return ref.RefWeights.int8(q, s, g, mins=m), moe_cpu.pack_int8(q, s, g, mins=m)
 
 
-FORMS = ["iq4nl", "mxfp4", "q4k", "q6k", "q5k", "q4k_dmin", "q5k_dmin"]
+FORMS = ["iq4nl", "mxfp4", "q4k", "q6k", "q5k", "q4k_dmin", "q5k_dmin", "q4k_ks", "iq4xs"]
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -74,7 +86,7 @@ def test_unpack_is_value_times_scale_minus_min(rng, form):
 
 
 PAIRS = [("iq4nl", "iq4nl"), ("mxfp4", "mxfp4"), ("q4k", "q6k"), ("q5k", "q6k"), ("q6k", "q4k"), ("iq4nl", "q5k"),
-         ("q4k_dmin", "q6k"), ("q5k_dmin", "q4k_dmin")]
+         ("q4k_dmin", "q6k"), ("q5k_dmin", "q4k_dmin"), ("q4k_ks", "q6k"), ("iq4xs", "q4k_ks")]
 
 
 @pytest.mark.parametrize("M", [0, 1, 3, 257])
@@ -100,14 +112,21 @@ def test_one_expert_and_k_equal_to_e(rng, E, k):
     assert_close(moe_cpu.fused_experts(x, p13, p2, tw, ids), ref.fused_experts_ref(x, r13, r2, tw, ids), "int4_w4a8")
 
 
+def int_form_kernel(p):
+    """Whether p's kernel takes the integer K-quant forms: the x86 int4 kernels, and int8 on AVX-512 VNNI."""
+    isa = p.kernel.split("_")[1]
+    return isa in (("avx512vnni", "avx2", "avx2vnni") if p.scheme == "int4_w4a8" else ("avx512vnni",))
+
+
 @pytest.mark.parametrize("form", ["q4k_dmin", "q5k_dmin", "q4k", "q5k"])
-def test_kquant_mins_run_as_integers_on_avx512(rng, tmp_path, form):
+def test_kquant_mins_run_as_integers_on_x86(rng, tmp_path, form):
     # 10 groups: a whole run of 8 and a zero-padded one; mins that factor as dmin * int go integer
-    # on the AVX-512 VNNI kernels (the float mins of q4k / q5k do not factor), exact either way.
+    # on the x86 int4 kernels and int8 on AVX-512 VNNI (the float mins of q4k / q5k do not factor), exact
+    # either way.
     E, k, H, I = 3, 2, 320, 64
     r13, p13 = form_weights(rng, form, E, 2 * I, H)
     r2, p2 = form_weights(rng, "q6k", E, H, I)
-    assert p13.has_int_mins == (form.endswith("_dmin") and "avx512vnni" in p13.kernel)
+    assert p13.has_int_mins == (form.endswith("_dmin") and int_form_kernel(p13))
     np.testing.assert_array_equal(p13.unpack_quantized()["mins"], r13.mins)
     x = make_input(rng, 37, H)
     tw, ids = make_routing(rng, 37, E, k)
@@ -116,6 +135,34 @@ def test_kquant_mins_run_as_integers_on_avx512(rng, tmp_path, form):
     back = moe_cpu.load_packed(tmp_path / "w.moe")
     assert back.has_int_mins == p13.has_int_mins and back.nbytes == p13.nbytes
     np.testing.assert_array_equal(back.unpack(), p13.unpack())
+
+
+@pytest.mark.parametrize("form", ["q4k_ks", "iq4xs", "q4k_dmin", "mxfp4"])
+def test_kquant_scales_run_as_integers_on_x86(rng, tmp_path, form):
+    # 10 groups: a whole run of 8 and a short one. Scales that factor as d * int8 per run (Q4_K, IQ4_XS)
+    # (and MXFP4 runs whose exponents span less than 2^7) go integer on the x86 int4 kernels and shrink
+    # the weights; the others stay float. Exact either way.
+    E, k, H, I = 3, 2, 320, 64
+    r13, p13 = form_weights(rng, form, E, 2 * I, H)
+    r2, p2 = form_weights(rng, "iq4xs" if form != "iq4xs" else "q4k_ks", E, H, I)
+    integer = form in ("q4k_ks", "iq4xs", "mxfp4") and int_form_kernel(p13)  # mxfp4: 2^e, e within 3
+    assert p13.has_int_scales == integer
+    assert "has_int_scales" in dir(p13)
+    np.testing.assert_array_equal(p13.unpack_quantized()["scales"], r13.scales)
+    if integer:   # an int8 per (column, group) and an fp32 d per run of 8 groups (10 groups: 2 runs, padded)
+        NB, runs = 2 * I // 16, 2
+        scale_bytes = E * NB * 16 * (runs * 8 * 1 + runs * 4)
+        int_min_bytes = E * NB * 16 * (runs * 8 * 2 + runs * 4) if p13.has_int_mins else 0
+        assert p13.nbytes == E * NB * 16 * (H // 2) + scale_bytes + int_min_bytes
+        assert p13.nbytes - int_min_bytes < E * NB * 16 * (H // 2 + H // 32 * 4)   # codes and float scales
+    x = make_input(rng, 37, H)
+    tw, ids = make_routing(rng, 37, E, k)
+    assert_close(moe_cpu.fused_experts(x, p13, p2, tw, ids), ref.fused_experts_ref(x, r13, r2, tw, ids), "int4_w4a8", form)
+    p13.save(tmp_path / "w.moe")
+    back = moe_cpu.load_packed(tmp_path / "w.moe")
+    assert back.has_int_scales == p13.has_int_scales and back.nbytes == p13.nbytes
+    np.testing.assert_array_equal(back.unpack(), p13.unpack())
+    np.testing.assert_array_equal(moe_cpu.fused_experts(x, back, p2, tw, ids), moe_cpu.fused_experts(x, p13, p2, tw, ids))
 
 
 def test_int_float_pair_is_refused_by_name(rng):

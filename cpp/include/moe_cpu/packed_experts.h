@@ -73,6 +73,13 @@ struct PackedExperts {
   // imins [E][NB][pairs of groups][16][2] (whole runs, zero-padded), dmins [E][NB][runs][16].
   AlignedBuffer imins, dmins;
   int64_t imin_groups = 0;  // 0: float mins
+  // Integer scales (int4, for a kernel with KernelDesc::int_scales, when they factor exactly): s = d * isc,
+  // isc int8, one d per column and run of iscale_groups groups (K-quant and IQ4_XS super-blocks). The
+  // kernel builds each group's float scale as isc * d in fp32 (the same float: exact), so decode reads
+  // 1.5 bytes of scale per group and column instead of 4; `scales` is dropped (scale() recomputes them).
+  // iscales [E][NB][whole runs of groups][16] (zero-padded), dscales [E][NB][runs][16].
+  AlignedBuffer iscales, dscales;
+  int64_t iscale_groups = 0;  // 0: float scales
   const KernelDesc* kernel = nullptr;
 
   void set_codebook(const int8_t* cb);  // fills codebook and the derived fields
@@ -89,7 +96,8 @@ struct PackedExperts {
   int64_t padded_k() const;         // K rounded up to the layout's k-step
   int64_t num_blocks() const { return (out_features + 15) / 16; }  // 16-column panels per expert
   size_t nbytes() const {
-    return qweight.size() + scales.size() + zeros.size() + mins.size() + k_perm.size() + imins.size() + dmins.size();
+    return qweight.size() + scales.size() + zeros.size() + mins.size() + k_perm.size() + imins.size() + dmins.size() +
+           iscales.size() + dscales.size();
   }
   // Weight panel of (expert e, column block b).
   const uint8_t* panel(int64_t e, int64_t b) const { return qweight.data() + (e * num_blocks() + b) * panel_bytes(); }
@@ -98,7 +106,18 @@ struct PackedExperts {
   int64_t scale_index(int64_t e, int64_t n, int64_t gi) const {
     return ((e * num_blocks() + n / 16) * num_groups() + gi) * 16 + n % 16;
   }
-  float scale(int64_t e, int64_t n, int64_t gi) const { return scales.as<float>()[scale_index(e, n, gi)]; }
+  float scale(int64_t e, int64_t n, int64_t gi) const {
+    if (iscale_groups)
+      return dscales.as<float>()[dscale_index(e, n, gi / iscale_groups)] * float(iscales.as<int8_t>()[iscale_index(e, n, gi)]);
+    return scales.as<float>()[scale_index(e, n, gi)];
+  }
+  int64_t iscale_runs() const { return iscale_groups ? (num_groups() + iscale_groups - 1) / iscale_groups : 0; }
+  int64_t iscale_index(int64_t e, int64_t n, int64_t gi) const {
+    return ((e * num_blocks() + n / 16) * iscale_runs() * iscale_groups + gi) * 16 + n % 16;
+  }
+  int64_t dscale_index(int64_t e, int64_t n, int64_t run) const {
+    return ((e * num_blocks() + n / 16) * iscale_runs() + run) * 16 + n % 16;
+  }
   float min(int64_t e, int64_t n, int64_t gi) const {
     if (!has_mins) return 0.f;
     if (imin_groups) return dmins.as<float>()[dmin_index(e, n, gi / imin_groups)] * float(imins.as<int16_t>()[imin_index(e, n, gi)]);
@@ -126,6 +145,11 @@ struct PackedExperts {
 void derive_int_mins(PackedExperts& p);
 // The float mins in the scales' blocked order (from the integer form when the float ones were dropped).
 AlignedBuffer float_mins(const PackedExperts& p);
+// Builds the integer scales when p.kernel takes them (int4 groups) and every run of 8 groups factors
+// exactly as d * int8 (a no-op otherwise). Called with derive_int_mins.
+void derive_int_scales(PackedExperts& p);
+// The float scales in their blocked order (from the integer form when the float ones were dropped).
+AlignedBuffer float_scales(const PackedExperts& p);
 // Runs p with kernel kd from now on: the mins take the form kd reads (tests run every kernel).
 void set_kernel(PackedExperts& p, const KernelDesc* kd);
 

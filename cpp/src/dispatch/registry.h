@@ -16,11 +16,15 @@ struct ActRows {
   const int8_t* q = nullptr;       // int schemes: codes [*, Kp]
   const float* scale = nullptr;    //   one scale per buffer row
   const int32_t* asum = nullptr;   //   sum of the codes of each weight group: [*, G]
-  const float* asum_f32 = nullptr; //   the same as fp32, for weights with float mins (else nullptr)
+  const float* asum_f32 = nullptr; //   the same as fp32, for weights with mins (else nullptr)
   const int16_t* asum16 = nullptr; //   the same as int16 [*, G2] (G2 = 2 * imin_pairs(), zero-padded), for integer mins
   int64_t G = 0, G2 = 0;
   const uint16_t* bf16 = nullptr;  // bf16 / fp8 schemes: bf16 bits [*, Kp]
   const float* f32 = nullptr;      //   or, for kernels with KernelDesc::f32_acts, those values as fp32
+  // Set by a kernel for its own row tiles: one column block's fp32 scales and mins [G][16], built once
+  // from the integer forms and shared by the block's row tiles (nullptr: none).
+  const float* blk_scales = nullptr;
+  const float* blk_mins = nullptr;
 };
 
 struct KernelDesc {
@@ -37,6 +41,7 @@ struct KernelDesc {
                int64_t ldc);
   bool f32_acts = false;  // bf16 / fp8: reads ActRows::f32 (broadcast fp32), not the bf16 bits
   bool int_mins = false;  // int schemes: takes PackedExperts' integer mins (and ActRows::asum16)
+  bool int_scales = false;  // int4: takes PackedExperts' integer scales
 };
 
 // Best registered kernel for `w` (scheme and shape set) under the active features; the

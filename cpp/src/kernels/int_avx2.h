@@ -11,7 +11,8 @@
 //   IntDot::kVnniVex (w4a8_avx2vnni, w8a8_avx2vnni; + AVX-VNNI): {vex} vpdpbusd on the stored
 //     unsigned bytes (int4 codebooks: through code_table), zero point (code_zero, 128 or stored)
 //     removed with the activation sums.
-// Group offsets (mins): minus min * code sum per group, in fp32.
+// Group offsets (mins): minus min * code sum per group, in fp32. int4 K-quant forms: integer scales and
+// mins (PackedExperts::iscales / imins) become those same fp32 values in the group epilogue.
 //   IntDot::kVnniEvex: the same loop with the EVEX form of the instruction (AVX512-VNNI + VL, same
 //     semantics); only the test suite builds it, to run the kVnniVex source on CPUs without AVX-VNNI.
 // Tile: MR rows x 16 columns per block (two ymm halves).
@@ -20,6 +21,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "common/layout.h"
 #include "kernels/tile_driver.h"
@@ -43,6 +45,39 @@ inline void dpbusd_ymm(__m256i& acc, __m256i u8, __m256i s8) {
     asm("vpdpbusd %[s], %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u8), [s] "v"(s8));
 }
 
+// The fp32 scale and min of (panel j, group gi, columns c8..c8+7), from where the weights hold them: a
+// column block's values built once for its row tiles (ActRows::blk_*, by int4_avx2_gemm), the integer
+// forms (isc * d, imin * dmin: the same floats), or the fp32 arrays (f32 + i).
+struct IntForms {
+  const int8_t* isc = nullptr;
+  const float* dsc = nullptr;
+  const int16_t* imn = nullptr;
+  const float* dmn = nullptr;
+  int64_t G, runs, P2;
+  IntForms(const PackedExperts& w, int64_t e, int64_t b, int64_t G_)
+      : G(G_), runs((G_ + kIMinRun - 1) / kIMinRun), P2(runs * (kIMinRun / 2)) {
+    const int64_t eb = e * w.num_blocks() + b;
+    if (w.iscale_groups) isc = w.iscales.as<int8_t>() + eb * runs * kIMinRun * 16, dsc = w.dscales.as<float>() + eb * runs * 16;
+    if (w.imin_groups) imn = w.imins.as<int16_t>() + eb * P2 * 32, dmn = w.dmins.as<float>() + eb * runs * 16;
+  }
+  __m256 scales(const float* blk, int64_t j, int64_t gi, int64_t c8, const float* f32, int64_t i) const {
+    if (blk) return _mm256_load_ps(blk + (j * G + gi) * 16 + c8);
+    if (isc)
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(isc + (j * runs * kIMinRun + gi) * 16 + c8)))),
+                           _mm256_load_ps(dsc + (j * runs + gi / kIMinRun) * 16 + c8));
+    return _mm256_load_ps(f32 + i);
+  }
+  __m256 mins(const float* blk, int64_t j, int64_t gi, int64_t c8, const float* f32, int64_t i) const {
+    if (blk) return _mm256_load_ps(blk + (j * G + gi) * 16 + c8);
+    if (imn) {  // the pair (gi even, gi odd) of 8 columns: int16 halves of 8 int32 lanes
+      const __m256i pr = _mm256_load_si256(reinterpret_cast<const __m256i*>(imn + (j * P2 + gi / 2) * 32 + 2 * c8));
+      const __m256i im = gi % 2 ? _mm256_srai_epi32(pr, 16) : _mm256_srai_epi32(_mm256_slli_epi32(pr, 16), 16);
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(im), _mm256_load_ps(dmn + (j * runs + gi / kIMinRun) * 16 + c8));
+    }
+    return _mm256_load_ps(f32 + i);
+  }
+};
+
 template <bool kInt4, IntDot D = IntDot::kMaddubs, Codes C = Codes::kPlain>
 struct IntAvx2 {
   template <int MR, int NJ>
@@ -64,12 +99,16 @@ struct IntAvx2 {
       // Per-call constants in locals: the stores to accf would otherwise make the compiler reload them.
       const bool has_zeros = w.has_zeros, has_mins = w.has_mins;
       const float* scales = w.scales.as<float>();
-      const float* mins = has_mins ? w.mins.as<float>() : nullptr;
+      const float* mins = has_mins && !w.imin_groups ? w.mins.as<float>() : nullptr;
       const uint8_t* zeros = has_zeros ? w.zeros.data() : nullptr;
       const int32_t* asr[MR];  // each row's group code sums
       const float* asf[MR];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
         asr[r] = a.asum + a.row_idx[r0 + r] * G, asf[r] = has_mins ? a.asum_f32 + a.row_idx[r0 + r] * G : nullptr;
+      // Integer scales and mins (int4 K-quant forms): row tiles read the fp32 values of this block from
+      // a.blk_scales / a.blk_mins (int4_avx2_gemm builds them once per block); decode builds each group's
+      // isc * d and imin * dmin here (the same floats: it reads 20 bytes per 32 codes, not 24).
+      const IntForms forms(w, e, b, G);
       const int zc = has_zeros ? 0 : kInt4 ? (C == Codes::kSigned ? 0 : w.code_zero) : (D != IntDot::kMaddubs ? 128 : 0);
       NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
       const ScaleIndex sx(w, e, b, G);
@@ -170,11 +209,12 @@ struct IntAvx2 {
         }
         _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
           const int64_t si = sx(h / 2, gi) + (h % 2) * 8;
-          const __m256 sv = _mm256_load_ps(scales + si);
+          const int64_t j = h / 2, c8 = (h % 2) * 8;
+          const __m256 sv = forms.scales(a.blk_scales, j, gi, c8, scales, si);
           const bool zp = kInt4 && has_zeros;  // stored zero points: per column
           const __m256i zv = zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(zeros + si)))
                                 : _mm256_setzero_si256();
-          const __m256 mv = has_mins ? _mm256_load_ps(mins + si) : _mm256_setzero_ps();
+          const __m256 mv = has_mins ? forms.mins(a.blk_mins, j, gi, c8, mins, si) : _mm256_setzero_ps();
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
             __m256i exact = acc[r][h];
             if (zp) exact = _mm256_sub_epi32(exact, _mm256_mullo_epi32(zv, _mm256_set1_epi32(asr[r][gi])));
@@ -202,14 +242,41 @@ struct IntAvx2 {
 // The int4 GEMM of dot D: codes as stored, or mapped through the codebook (kSigned when vpmaddubsw
 // would saturate on code_table bytes > 31).
 template <IntDot D, int MR, int NJ, int ND>
-void int4_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
-                    int64_t ldc) {
+void int4_avx2_codes_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                          int64_t ldc) {
   if (!w.code_shuffle) return drive<IntAvx2<true, D>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
   int top = 0;
   for (uint8_t u : w.code_table) top = std::max(top, int(u));
   if (D != IntDot::kMaddubs || top <= 31)
     return drive<IntAvx2<true, D, Codes::kTable>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
   drive<IntAvx2<true, D, Codes::kSigned>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+}
+
+// With integer scales or mins, row tiles take each column block's fp32 values from a scratch built once
+// per block (per row tile they would cost as much as a quarter of a group's k-steps); decode builds them
+// inline.
+template <IntDot D, int MR, int NJ, int ND>
+void int4_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                    int64_t ldc) {
+  static_assert(NJ == 1, "one column block per row tile");
+  if (a.rows == 1 || !(w.iscale_groups || w.imin_groups)) return int4_avx2_codes_gemm<D, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  const int64_t G = a.G;
+  std::vector<float> buf(size_t(2 * G * 16) + 8);
+  float* blk = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 31) & ~uintptr_t(31));
+  ActRows ab = a;
+  ab.blk_scales = blk, ab.blk_mins = w.has_mins ? blk + G * 16 : nullptr;
+  const float* scales = w.scales.as<float>();
+  const float* mins = w.has_mins && !w.imin_groups ? w.mins.as<float>() : nullptr;
+  for (int64_t b = b0; b < b1; ++b) {
+    const IntForms forms(w, e, b, G);
+    const ScaleIndex sx(w, e, b, G);
+    for (int64_t gi = 0; gi < G; ++gi)
+      for (int c8 = 0; c8 < 16; c8 += 8) {
+        _mm256_store_ps(blk + gi * 16 + c8, forms.scales(nullptr, 0, gi, c8, scales, sx(0, gi) + c8));
+        if (w.has_mins) _mm256_store_ps(blk + (G + gi) * 16 + c8, forms.mins(nullptr, 0, gi, c8, mins, sx(0, gi) + c8));
+      }
+    int4_avx2_codes_gemm<D, MR, NJ, ND>(w, e, b, b + 1, ab, c + (b - b0) * 16, ldc);
+  }
 }
 
 }  // namespace moe_cpu::kernels

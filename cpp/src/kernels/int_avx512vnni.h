@@ -129,6 +129,11 @@ struct IntVnni {
       // code_table in every 128-bit lane (vpshufb looks up within lanes)
       const __m512i table = _mm512_maskz_broadcast_i32x4(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.code_table)));
       const float* scales = w.scales.as<float>();
+      // Integer scales (int4): each group's float scale is isc * d, the same float as the stored one.
+      const int8_t* isc = kInt4 && w.iscale_groups ? w.iscales.as<int8_t>() : nullptr;
+      const float* dsc = isc ? w.dscales.as<float>() : nullptr;
+      const int64_t sruns = (G + kIMinRun - 1) / kIMinRun, sgroups = sruns * kIMinRun;
+      if (isc) isc += (e * w.num_blocks() + b) * sgroups * 16, dsc += (e * w.num_blocks() + b) * sruns * 16;
       // Per-call constants in locals (not reloaded from w and a after every store).
       const float* mins = kOff == Offset::kMins ? w.mins.as<float>() : nullptr;
       const uint8_t* zeros = kOff == Offset::kZeros ? w.zeros.data() : nullptr;
@@ -173,7 +178,10 @@ struct IntVnni {
         group_steps<!kInt4, (MR > 1)>(pf, s0, s1, step_at);
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
           const int64_t si = sx(j, gi);
-          const __m512 sv = _mm512_load_ps(scales + si);
+          const __m512 sv =
+              isc ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(isc + (j * sgroups + gi) * 16)))),
+                                  _mm512_load_ps(dsc + (j * sruns + gi / kIMinRun) * 16))
+                  : _mm512_load_ps(scales + si);
           if constexpr (kOff == Offset::kZeros) {
             const __m512i zv = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(zeros + si)));
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {

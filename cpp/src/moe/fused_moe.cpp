@@ -88,7 +88,7 @@ struct ActBuffer {
     int_scheme = is_int_scheme(w.scheme);
     f32 = !int_scheme && w.kernel->f32_acts;
     imins = int_scheme && w.has_mins && w.imin_groups > 0;
-    mins = int_scheme && w.has_mins && !imins;
+    mins = int_scheme && w.has_mins;  // fp32 code sums: float mins, and the ymm kernels' integer mins
     G2 = imins ? w.imin_pairs() * 2 : 0;
     if (int_scheme) {
       q.resize(static_cast<size_t>(rows * Kp));

@@ -331,28 +331,38 @@ static void set_mins(PackedExperts& p, const float* mins) {
   p.mins = blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) { return mins[(e * N + n) * G + gi]; });
 }
 
-// v[0..n) = d * m[j] exactly, m[j] an integer with |m[j]| <= mmax, d one float: candidates d = a / c
-// for the nonzero a of least magnitude and c = 1..64 (K-quant mins are d * (6-bit m)). False if none.
-static bool factor_mins(const float* v, int n, int32_t mmax, float* d, int16_t* m) {
+// v[0..n) = float(m[j]) * d bit for bit (signed zeros too), m[j] an integer in [mlo, mhi], d one float:
+// candidates d = a / (+-c) for the nonzero a of least magnitude and c = 1..cmax (K-quant mins and scales
+// are d * a 6-bit integer, IQ4_XS's d * (6-bit - 32)). False if none.
+template <class I>
+static bool factor_run(const float* v, int n, int32_t mlo, int32_t mhi, int cmax, float* d, I* m) {
   float a = 0.f;
   for (int j = 0; j < n; ++j)
     if (v[j] != 0.f && (a == 0.f || std::fabs(v[j]) < std::fabs(a))) a = v[j];
-  if (a == 0.f) {
-    *d = 0.f;
-    std::fill(m, m + n, int16_t(0));
+  if (a == 0.f) {  // all zero: d carries their sign, which must be one
+    for (int j = 0; j < n; ++j)
+      if (std::signbit(v[j]) != std::signbit(v[0])) return false;
+    *d = v[0];
+    std::fill(m, m + n, I(0));
     return true;
   }
-  for (int c = 1; c <= 64; ++c) {
-    const float dc = a / float(c);
-    if (dc == 0.f || !std::isfinite(dc)) return false;
-    bool ok = true;
-    for (int j = 0; j < n && ok; ++j) {
-      const double t = std::nearbyint(double(v[j]) / double(dc));
-      ok = std::fabs(t) <= mmax && double(dc) * t == double(v[j]);
-      if (ok) m[j] = int16_t(t);
+  for (int c = 1; c <= cmax; ++c)
+    for (int sign = 1; sign >= -1; sign -= 2) {
+      const float dc = a / float(sign * c);
+      if (dc == 0.f || !std::isfinite(dc)) return false;
+      bool ok = true;
+      for (int j = 0; j < n && ok; ++j) {
+        const double t = std::nearbyint(double(v[j]) / double(dc));
+        if (!(t >= mlo && t <= mhi)) {
+          ok = false;
+          break;
+        }
+        const float back = float(I(t)) * dc;  // what the kernels and unpack compute (an integer 0 is +0)
+        ok = std::memcmp(&back, &v[j], 4) == 0;
+        if (ok) m[j] = I(t);
+      }
+      if (ok) return (*d = dc), true;
     }
-    if (ok) return (*d = dc), true;
-  }
   return false;
 }
 
@@ -377,7 +387,7 @@ void derive_int_mins(PackedExperts& p) {
       for (int64_t r = 0; r < t.imin_runs(); ++r) {
         const int cnt = int(std::min(S, G - r * S));
         for (int j = 0; j < cnt; ++j) v[j] = p.min(e, n, r * S + j);
-        if (!factor_mins(v, cnt, mmax, &d, m)) {
+        if (!factor_run(v, cnt, -mmax, mmax, 64, &d, m)) {
           ok = false;
           return;
         }
@@ -390,10 +400,51 @@ void derive_int_mins(PackedExperts& p) {
   p.mins = AlignedBuffer();
 }
 
+void derive_int_scales(PackedExperts& p) {
+  constexpr int64_t S = kIMinRun;
+  const int64_t G = p.num_groups(), NB = p.num_blocks(), N = p.out_features;
+  if (p.scheme != Scheme::kInt4W4A8 || !p.kernel || !p.kernel->int_scales || p.iscale_groups || p.group_size <= 0 ||
+      G < 2)
+    return;
+  PackedExperts t;  // the indexing of the integer form, for p's shape
+  t.scheme = p.scheme, t.num_experts = p.num_experts, t.out_features = N, t.in_features = p.in_features;
+  t.group_size = p.group_size, t.iscale_groups = S;
+  AlignedBuffer is(size_t(p.num_experts * NB * t.iscale_runs() * S * 16)), ds(size_t(p.num_experts * NB * t.iscale_runs() * 16) * 4);
+  std::memset(is.data(), 0, is.size());
+  std::memset(ds.data(), 0, ds.size());
+  std::atomic<bool> ok{true};
+  parallel_for(p.num_experts * NB, [&](int64_t eb) {
+    const int64_t e = eb / NB, b16 = eb % NB;
+    float v[S], d;
+    int8_t m[S];
+    for (int64_t n = 16 * b16; n < std::min(N, 16 * b16 + 16) && ok.load(std::memory_order_relaxed); ++n)
+      for (int64_t r = 0; r < t.iscale_runs(); ++r) {
+        const int cnt = int(std::min(S, G - r * S));
+        for (int j = 0; j < cnt; ++j) v[j] = p.scale(e, n, r * S + j);
+        if (!factor_run(v, cnt, -128, 127, 128, &d, m)) {
+          ok = false;
+          return;
+        }
+        ds.as<float>()[t.dscale_index(e, n, r)] = d;
+        for (int j = 0; j < cnt; ++j) is.as<int8_t>()[t.iscale_index(e, n, r * S + j)] = m[j];
+      }
+  });
+  if (!ok) return;
+  p.iscales = std::move(is), p.dscales = std::move(ds), p.iscale_groups = S;
+  p.scales = AlignedBuffer();
+}
+
+AlignedBuffer float_scales(const PackedExperts& p) {
+  return blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) { return p.scale(e, n, gi); });
+}
+
 void set_kernel(PackedExperts& p, const KernelDesc* kd) {
   p.kernel = kd;
   if (p.imin_groups && !kd->int_mins) p.mins = float_mins(p), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer(), p.imin_groups = 0;
+  if (p.iscale_groups && !kd->int_scales)
+    p.scales = float_scales(p), p.iscales = AlignedBuffer(), p.dscales = AlignedBuffer(), p.iscale_groups = 0;
   derive_int_mins(p);
+  derive_int_scales(p);
 }
 
 AlignedBuffer float_mins(const PackedExperts& p) {
@@ -435,6 +486,7 @@ PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
   }
   p.kernel = select_kernel(p);
   derive_int_mins(p);
+  derive_int_scales(p);
   return p;
 }
 

@@ -110,8 +110,12 @@ void save_packed(const PackedExperts& p, const std::string& path) {
   std::snprintf(h.kernel, sizeof h.kernel, "%s", p.kernel ? p.kernel->name : "");
   uint64_t off = align_up(kHeaderBytes);
   // Integer mins are a kernel's form: the file holds the float mins they stand for.
+  // Integer scales likewise.
   const AlignedBuffer fmins = p.imin_groups ? float_mins(p) : AlignedBuffer();
-  const auto buffer = [&](int i) -> const AlignedBuffer& { return i == 3 && p.imin_groups ? fmins : section_buffer(p, i); };
+  const AlignedBuffer fscales = p.iscale_groups ? float_scales(p) : AlignedBuffer();
+  const auto buffer = [&](int i) -> const AlignedBuffer& {
+    return i == 3 && p.imin_groups ? fmins : i == 1 && p.iscale_groups ? fscales : section_buffer(p, i);
+  };
   for (int i = 0; i < int(kSections); ++i) {
     const AlignedBuffer& b = buffer(i);
     section_of(h, i) = Section{off, b.size(), crc32(b.data(), b.size()), 0};
@@ -208,6 +212,7 @@ PackedExperts load_packed(const std::string& path, bool use_mmap, bool verify) {
   }
   p.kernel = select_kernel(p);
   derive_int_mins(p);
+  derive_int_scales(p);
   return p;
 }
 

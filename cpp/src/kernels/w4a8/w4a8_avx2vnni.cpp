@@ -2,6 +2,8 @@
 // for CPUs with AVX-VNNI but no AVX-512 (Alder Lake and later clients, Sierra Forest, Zen 5 clients).
 // Tile: 4 rows x 16 columns (two ymm per row), K step 8 (nibbles: AND, shift + AND).
 // Packed weights: common/layout.h int4 panels; zero points removed via the group activation sums.
+// Scales and mins: fp32 per (column, group), or K-quant integers (d * int8 scales, dmin * int16 mins per
+// run of 8 groups) turned into the same fp32 values per group.
 // Needs: AVX2, FMA, AVX-VNNI. Limits: any M, any N, K % group == 0.
 #include "kernels/int_avx2.h"
 #include "moe_cpu/cpu_features.h"
@@ -10,6 +12,7 @@ namespace moe_cpu {
 
 extern const KernelDesc kernel_w4a8_avx2vnni{
     "w4a8_avx2vnni_4x16", Scheme::kInt4W4A8, "avx2vnni", 4, 16, kFeatAvx2 | kFeatAvxVnni, nullptr,
-    kernels::int4_avx2_gemm<kernels::IntDot::kVnniVex, 4, 1, 4>};
+    kernels::int4_avx2_gemm<kernels::IntDot::kVnniVex, 4, 1, 4>, /*f32_acts=*/false, /*int_mins=*/true,
+    /*int_scales=*/true};
 
 }  // namespace moe_cpu

@@ -4,7 +4,8 @@
 // Packed weights: common/layout.h int4 panels (nibble u = q+8, raw with zero points, or a codebook
 // index: one vpshufb per 64 codes); optional group offsets (mins) cost one FMA per group, or as
 // integer mins (K-quants) one vpdpwssd per two groups and one FMA per run of 8.
-// Scales: fp32 per (column, group); group a multiple of 32 (or per channel).
+// Scales: fp32 per (column, group), or as integer scales (K-quants, IQ4_XS) an int8 per (column, group)
+// times an fp32 per run of 8 groups; group a multiple of 32 (or per channel).
 // Needs: AVX512F, AVX512BW, AVX512VNNI. Limits: any M, any N (tail masked), K % group == 0.
 #include "kernels/int_avx512vnni.h"
 #include "moe_cpu/cpu_features.h"
@@ -13,6 +14,7 @@ namespace moe_cpu {
 
 extern const KernelDesc kernel_w4a8_avx512vnni{
     "w4a8_avx512vnni_6x32", Scheme::kInt4W4A8, "avx512vnni", 6, 32, kFeatAvx512 | kFeatAvx512Vnni,
-    nullptr, kernels::int4_vnni_gemm<6, 2, 8>, /*f32_acts=*/false, /*int_mins=*/true};
+    nullptr, kernels::int4_vnni_gemm<6, 2, 8>, /*f32_acts=*/false, /*int_mins=*/true,
+    /*int_scales=*/true};
 
 }  // namespace moe_cpu

@@ -128,13 +128,22 @@ def test_kquant_mins_run_as_integers_on_x86(rng, tmp_path, form):
     r2, p2 = form_weights(rng, "q6k", E, H, I)
     assert p13.has_int_mins == (form.endswith("_dmin") and int_form_kernel(p13))
     np.testing.assert_array_equal(p13.unpack_quantized()["mins"], r13.mins)
-    x = make_input(rng, 37, H)
-    tw, ids = make_routing(rng, 37, E, k)
-    assert_close(moe_cpu.fused_experts(x, p13, p2, tw, ids), ref.fused_experts_ref(x, r13, r2, tw, ids), "int4_w4a8", form)
+    check_layer_and_file(rng, tmp_path, (r13, p13), (r2, p2), k, form)
+
+
+def check_layer_and_file(rng, tmp_path, w13, w2, k, form):
+    """fused_experts on (w13, w2) against the reference, then w13 through a file: the same integer forms,
+    bytes, values and outputs."""
+    (r13, p13), (r2, p2) = w13, w2
+    x = make_input(rng, 37, p13.in_features)
+    tw, ids = make_routing(rng, 37, p13.num_experts, k)
+    out = moe_cpu.fused_experts(x, p13, p2, tw, ids)
+    assert_close(out, ref.fused_experts_ref(x, r13, r2, tw, ids), "int4_w4a8", form)
     p13.save(tmp_path / "w.moe")
     back = moe_cpu.load_packed(tmp_path / "w.moe")
-    assert back.has_int_mins == p13.has_int_mins and back.nbytes == p13.nbytes
+    assert (back.has_int_mins, back.has_int_scales, back.nbytes) == (p13.has_int_mins, p13.has_int_scales, p13.nbytes)
     np.testing.assert_array_equal(back.unpack(), p13.unpack())
+    np.testing.assert_array_equal(moe_cpu.fused_experts(x, back, p2, tw, ids), out)
 
 
 @pytest.mark.parametrize("form", ["q4k_ks", "iq4xs", "q4k_dmin", "mxfp4"])
@@ -155,14 +164,7 @@ def test_kquant_scales_run_as_integers_on_x86(rng, tmp_path, form):
         int_min_bytes = E * NB * 16 * (runs * 8 * 2 + runs * 4) if p13.has_int_mins else 0
         assert p13.nbytes == E * NB * 16 * (H // 2) + scale_bytes + int_min_bytes
         assert p13.nbytes - int_min_bytes < E * NB * 16 * (H // 2 + H // 32 * 4)   # codes and float scales
-    x = make_input(rng, 37, H)
-    tw, ids = make_routing(rng, 37, E, k)
-    assert_close(moe_cpu.fused_experts(x, p13, p2, tw, ids), ref.fused_experts_ref(x, r13, r2, tw, ids), "int4_w4a8", form)
-    p13.save(tmp_path / "w.moe")
-    back = moe_cpu.load_packed(tmp_path / "w.moe")
-    assert back.has_int_scales == p13.has_int_scales and back.nbytes == p13.nbytes
-    np.testing.assert_array_equal(back.unpack(), p13.unpack())
-    np.testing.assert_array_equal(moe_cpu.fused_experts(x, back, p2, tw, ids), moe_cpu.fused_experts(x, p13, p2, tw, ids))
+    check_layer_and_file(rng, tmp_path, (r13, p13), (r2, p2), k, form)
 
 
 def test_int_float_pair_is_refused_by_name(rng):

@@ -24,10 +24,11 @@ def kquant_mins(rng, E, N, G):
 
 def kquant_scales(rng, E, N, G, lo, hi, K):
     """Scales as Q4_K (lo, hi = 0, 63) and IQ4_XS (-32, 31) hold them: an fp16 d per run of 8 groups times
-    integers; every third run all zero."""
+    integers; every third run's integers all zero, and every fifth d zero (IQ4_XS: -0 and +0 scales)."""
     runs = -(-G // 8)
     d = (rng.uniform(0.5, 1.5, (E, N, runs, 1)) / (4 * max(abs(lo), hi) * np.sqrt(K))).astype(np.float16).astype(np.float32)
-    sc = rng.integers(lo, hi + 1, (E, N, runs, 8))
+    d.reshape(-1)[::5] = 0
+    sc = rng.integers(lo, hi + 1, (E, N, runs, 8)).astype(np.float32)
     sc[:, :, 2::3] = 0
     return np.ascontiguousarray((d * sc).reshape(E, N, -1)[:, :, :G], np.float32)
 
@@ -157,7 +158,10 @@ def test_kquant_scales_run_as_integers_on_x86(rng, tmp_path, form):
     integer = form in ("q4k_ks", "iq4xs", "mxfp4") and int_form_kernel(p13)  # mxfp4: 2^e, e within 3
     assert p13.has_int_scales == integer
     assert "has_int_scales" in dir(p13)
-    np.testing.assert_array_equal(p13.unpack_quantized()["scales"], r13.scales)
+    bits = lambda a: np.ascontiguousarray(a, np.float32).view(np.uint32)
+    np.testing.assert_array_equal(bits(p13.unpack_quantized()["scales"]), bits(r13.scales))   # signed zeros too
+    if form == "iq4xs":
+        assert (np.signbit(r13.scales) & (r13.scales == 0)).any() and ((r13.scales == 0) & ~np.signbit(r13.scales)).any()
     if integer:   # an int8 per (column, group) and an fp32 d per run of 8 groups (10 groups: 2 runs, padded)
         NB, runs = 2 * I // 16, 2
         scale_bytes = E * NB * 16 * (runs * 8 * 1 + runs * 4)

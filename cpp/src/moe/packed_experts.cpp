@@ -339,11 +339,10 @@ static bool factor_run(const float* v, int n, int32_t mlo, int32_t mhi, int cmax
   float a = 0.f;
   for (int j = 0; j < n; ++j)
     if (v[j] != 0.f && (a == 0.f || std::fabs(v[j]) < std::fabs(a))) a = v[j];
-  if (a == 0.f) {  // all zero: d carries their sign, which must be one
-    for (int j = 0; j < n; ++j)
-      if (std::signbit(v[j]) != std::signbit(v[0])) return false;
-    *d = v[0];
-    std::fill(m, m + n, I(0));
+  if (a == 0.f) {  // all zero (a zero d): d = +0, and m = -1 gives -0 (-1 * +0), m = 0 gives +0
+    if (mlo > -1) return false;
+    *d = 0.f;
+    for (int j = 0; j < n; ++j) m[j] = std::signbit(v[j]) ? I(-1) : I(0);
     return true;
   }
   for (int c = 1; c <= cmax; ++c)

@@ -41,7 +41,8 @@ def main():
     make = lambda n, N, K: q4k_float_mins(rng, E, N, K) if n == "q4_k_float_mins" else random_codes(rng, n, E, N, K)()
     layers = {n: (make(n, 2 * I, H), make(n, H, I)) for n in names}
     print(f"Qwen3-30B-A3B layer, M={a.m}, {moe_cpu.get_num_threads()} threads; kernels: "
-          + ", ".join(f"{n} {w13.kernel}{' (int mins)' if w13.has_int_mins else ''}" for n, (w13, _) in layers.items()))
+          + ", ".join(f"{n} {w13.kernel}{' (int mins)' if w13.has_int_mins else ''}{' (int scales)' if w13.has_int_scales else ''}"
+                     for n, (w13, _) in layers.items()))
     x = rng.standard_normal((a.m, H)).astype(np.float32)
     times = {n: [] for n in names}
     for rep in range(a.reps + 1):

@@ -78,6 +78,28 @@ struct IntForms {
   }
 };
 
+// corr[h][8] = sum over runs of dmin * (int32 sum over the run's groups of imin * code sum) for the H halves
+// of one row (asum16: its int16 code sums, pairs zero-padded to whole runs).
+template <int H>
+void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, float (*corr)[8]) {
+  _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
+    const int64_t j = h / 2, c8 = (h % 2) * 8;
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t s = 0; s < f.runs; ++s) {
+      __m256i acc = _mm256_setzero_si256();
+      _Pragma("GCC unroll 4") for (int q = 0; q < kIMinRun / 2; ++q) {
+        const int64_t p = s * (kIMinRun / 2) + q;
+        int32_t pair;
+        std::memcpy(&pair, asum16 + 2 * p, 4);
+        const __m256i pr = _mm256_load_si256(reinterpret_cast<const __m256i*>(f.imn + (j * f.P2 + p) * 32 + 2 * c8));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pr, _mm256_set1_epi32(pair)));
+      }
+      sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_load_ps(f.dmn + (j * f.runs + s) * 16 + c8), sum);
+    }
+    _mm256_store_ps(corr[h], sum);
+  }
+}
+
 template <bool kInt4, IntDot D = IntDot::kMaddubs, Codes C = Codes::kPlain>
 struct IntAvx2 {
   template <int MR, int NJ>
@@ -109,6 +131,11 @@ struct IntAvx2 {
       // a.blk_scales / a.blk_mins (int4_avx2_gemm builds them once per block); decode builds each group's
       // isc * d and imin * dmin here (the same floats: it reads 20 bytes per 32 codes, not 24).
       const IntForms forms(w, e, b, G);
+      // Decode with integer mins: per run, the int32 sum of imin * code sum by vpmaddwd of pairs, times
+      // dmin once (as int_mins_term on AVX-512): about 1.5 ops per group instead of 7 for fp32 mins.
+      alignas(32) float corr[MR == 1 ? H : 1][8];
+      const bool run_mins = MR == 1 && kInt4 && has_mins && forms.imn;
+      if (run_mins) int_mins_term_ymm<H>(forms, a.asum16 + a.row_idx[r0] * a.G2, corr);
       const int zc = has_zeros ? 0 : kInt4 ? (C == Codes::kSigned ? 0 : w.code_zero) : (D != IntDot::kMaddubs ? 128 : 0);
       NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
       const ScaleIndex sx(w, e, b, G);
@@ -214,12 +241,13 @@ struct IntAvx2 {
           const bool zp = kInt4 && has_zeros;  // stored zero points: per column
           const __m256i zv = zp ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(zeros + si)))
                                 : _mm256_setzero_si256();
-          const __m256 mv = has_mins ? forms.mins(a.blk_mins, j, gi, c8, mins, si) : _mm256_setzero_ps();
+          const bool group_mins = has_mins && !run_mins;
+          const __m256 mv = group_mins ? forms.mins(a.blk_mins, j, gi, c8, mins, si) : _mm256_setzero_ps();
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
             __m256i exact = acc[r][h];
             if (zp) exact = _mm256_sub_epi32(exact, _mm256_mullo_epi32(zv, _mm256_set1_epi32(asr[r][gi])));
             __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), sv, _mm256_load_ps(accf[r][h]));
-            if (has_mins) f = _mm256_fnmadd_ps(mv, _mm256_broadcast_ss(asf[r] + gi), f);
+            if (group_mins) f = _mm256_fnmadd_ps(mv, _mm256_broadcast_ss(asf[r] + gi), f);
             _mm256_store_ps(accf[r][h], f);
           }
         }
@@ -230,7 +258,9 @@ struct IntAvx2 {
           const int n0 = (h % 2) * 8, valid = valid_cols(w, b + h / 2) - n0;
           float* dst = c + (r0 + r) * ldc + (h / 2) * 16 + n0;
           alignas(32) float tmp[8];
-          _mm256_store_ps(tmp, _mm256_mul_ps(_mm256_load_ps(accf[r][h]), rs));
+          __m256 v = _mm256_load_ps(accf[r][h]);
+          if (run_mins) v = _mm256_sub_ps(v, _mm256_load_ps(corr[MR == 1 ? h : 0]));
+          _mm256_store_ps(tmp, _mm256_mul_ps(v, rs));
           if (valid >= 8) std::memcpy(dst, tmp, 32);
           else if (valid > 0) std::memcpy(dst, tmp, size_t(valid) * 4);
         }

@@ -48,31 +48,22 @@ inline void dpbusd_ymm(__m256i& acc, __m256i u8, __m256i s8) {
 // The fp32 scale and min of (panel j, group gi, columns c8..c8+7), from where the weights hold them: a
 // column block's values built once for its row tiles (ActRows::blk_*, by int4_avx2_gemm), the integer
 // forms (isc * d, imin * dmin: the same floats), or the fp32 arrays (f32 + i).
-struct IntForms {
-  const int8_t* isc = nullptr;
-  const float* dsc = nullptr;
-  const int16_t* imn = nullptr;
-  const float* dmn = nullptr;
-  int64_t G, runs, P2;
-  IntForms(const PackedExperts& w, int64_t e, int64_t b, int64_t G_)
-      : G(G_), runs((G_ + kIMinRun - 1) / kIMinRun), P2(runs * (kIMinRun / 2)) {
-    const int64_t eb = e * w.num_blocks() + b;
-    if (w.iscale_groups) isc = w.iscales.as<int8_t>() + eb * runs * kIMinRun * 16, dsc = w.dscales.as<float>() + eb * runs * 16;
-    if (w.imin_groups) imn = w.imins.as<int16_t>() + eb * P2 * 32, dmn = w.dmins.as<float>() + eb * runs * 16;
-  }
+struct IntForms : IntFormBlock {
+  int64_t G;
+  IntForms(const PackedExperts& w, int64_t e, int64_t b, int64_t G_) : IntFormBlock(w, e, b, G_), G(G_) {}
   __m256 scales(const float* blk, int64_t j, int64_t gi, int64_t c8, const float* f32, int64_t i) const {
     if (blk) return _mm256_load_ps(blk + (j * G + gi) * 16 + c8);
     if (isc)
-      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(isc + (j * runs * kIMinRun + gi) * 16 + c8)))),
-                           _mm256_load_ps(dsc + (j * runs + gi / kIMinRun) * 16 + c8));
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(isc_at(j, gi) + c8)))),
+                           _mm256_load_ps(dsc_at(j, gi) + c8));
     return _mm256_load_ps(f32 + i);
   }
   __m256 mins(const float* blk, int64_t j, int64_t gi, int64_t c8, const float* f32, int64_t i) const {
     if (blk) return _mm256_load_ps(blk + (j * G + gi) * 16 + c8);
     if (imn) {  // the pair (gi even, gi odd) of 8 columns: int16 halves of 8 int32 lanes
-      const __m256i pr = _mm256_load_si256(reinterpret_cast<const __m256i*>(imn + (j * P2 + gi / 2) * 32 + 2 * c8));
+      const __m256i pr = _mm256_load_si256(reinterpret_cast<const __m256i*>(imn_pair(j, gi / 2) + 2 * c8));
       const __m256i im = gi % 2 ? _mm256_srai_epi32(pr, 16) : _mm256_srai_epi32(_mm256_slli_epi32(pr, 16), 16);
-      return _mm256_mul_ps(_mm256_cvtepi32_ps(im), _mm256_load_ps(dmn + (j * runs + gi / kIMinRun) * 16 + c8));
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(im), _mm256_load_ps(dmn_run(j, gi / kIMinRun) + c8));
     }
     return _mm256_load_ps(f32 + i);
   }
@@ -91,10 +82,10 @@ void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, float (*corr)[8
         const int64_t p = s * (kIMinRun / 2) + q;
         int32_t pair;
         std::memcpy(&pair, asum16 + 2 * p, 4);
-        const __m256i pr = _mm256_load_si256(reinterpret_cast<const __m256i*>(f.imn + (j * f.P2 + p) * 32 + 2 * c8));
+        const __m256i pr = _mm256_load_si256(reinterpret_cast<const __m256i*>(f.imn_pair(j, p) + 2 * c8));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pr, _mm256_set1_epi32(pair)));
       }
-      sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_load_ps(f.dmn + (j * f.runs + s) * 16 + c8), sum);
+      sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_load_ps(f.dmn_run(j, s) + c8), sum);
     }
     _mm256_store_ps(corr[h], sum);
   }

@@ -110,6 +110,12 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm512_store_ps(corr + (r * NJ + j) * 16, sum[r][j]);
 }
 
+// The 16 fp32 scales of (panel j, group gi) from the integer form: float(isc) * d, the stored floats.
+inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi) {
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(f.isc_at(j, gi))))),
+                       _mm512_load_ps(f.dsc_at(j, gi)));
+}
+
 template <bool kInt4, bool kShuffle = false, Offset kOff = Offset::kImplicit>
 struct IntVnni {
   template <int MR, int NJ>
@@ -132,10 +138,7 @@ struct IntVnni {
       const float* scales = w.scales.as<float>();
       // Integer scales (int4): each group's float scale is isc * d, the same float as the stored one; row
       // tiles read them from the column group's fp32 scratch (a.blk_scales, built by int4_vnni_gemm).
-      const int8_t* isc = kInt4 && w.iscale_groups ? w.iscales.as<int8_t>() : nullptr;
-      const float* dsc = isc ? w.dscales.as<float>() : nullptr;
-      const int64_t sruns = (G + kIMinRun - 1) / kIMinRun, sgroups = sruns * kIMinRun;
-      if (isc) isc += (e * w.num_blocks() + b) * sgroups * 16, dsc += (e * w.num_blocks() + b) * sruns * 16;
+      const IntFormBlock forms(w, e, b, G);
       // Per-call constants in locals (not reloaded from w and a after every store).
       const float* mins = kOff == Offset::kMins ? w.mins.as<float>() : nullptr;
       const uint8_t* zeros = kOff == Offset::kZeros ? w.zeros.data() : nullptr;
@@ -182,9 +185,8 @@ struct IntVnni {
           const int64_t si = sx(j, gi);
           const __m512 sv =
               a.blk_scales ? _mm512_load_ps(a.blk_scales + (j * G + gi) * 16)
-              : isc ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(isc + (j * sgroups + gi) * 16)))),
-                                  _mm512_load_ps(dsc + (j * sruns + gi / kIMinRun) * 16))
-                  : _mm512_load_ps(scales + si);
+              : kInt4 && forms.isc ? int_scale16(forms, j, gi)
+                                   : _mm512_load_ps(scales + si);
           if constexpr (kOff == Offset::kZeros) {
             const __m512i zv = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(zeros + si)));
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
@@ -235,21 +237,16 @@ template <int MR, int NJ, int ND>
 void int4_vnni_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                     int64_t ldc) {
   if (a.rows == 1 || !w.iscale_groups) return int4_vnni_codes_gemm<MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
-  const int64_t G = a.G, runs = (G + kIMinRun - 1) / kIMinRun, NB = w.num_blocks();
+  const int64_t G = a.G;
   std::vector<float> buf(size_t(NJ * G * 16) + 16);
   float* blk = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
   ActRows ab = a;
   ab.blk_scales = blk;
   for (int64_t b = b0; b < b1; b += NJ) {
     const int64_t nj = std::min<int64_t>(NJ, b1 - b);
-    for (int64_t j = 0; j < nj; ++j) {
-      const int8_t* isc = w.iscales.as<int8_t>() + (e * NB + b + j) * runs * kIMinRun * 16;
-      const float* dsc = w.dscales.as<float>() + (e * NB + b + j) * runs * 16;
-      for (int64_t gi = 0; gi < G; ++gi)
-        _mm512_store_ps(blk + (j * G + gi) * 16,
-                        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(isc + gi * 16)))),
-                                      _mm512_load_ps(dsc + gi / kIMinRun * 16)));
-    }
+    const IntFormBlock forms(w, e, b, G);
+    for (int64_t j = 0; j < nj; ++j)
+      for (int64_t gi = 0; gi < G; ++gi) _mm512_store_ps(blk + (j * G + gi) * 16, int_scale16(forms, j, gi));
     int4_vnni_codes_gemm<MR, NJ, ND>(w, e, b, b + nj, ab, c + (b - b0) * 16, ldc);
   }
 }

@@ -102,6 +102,27 @@ struct ScaleIndex {
   int64_t operator()(int64_t j, int64_t gi) const { return base + (j * G + gi) * 16; }
 };
 
+// The integer K-quant forms of column block (e, b), where p holds them (else nullptr): int8 scales with
+// an fp32 d per run, int16 min pairs with an fp32 dmin per run. Panel j is block b + j; with G known
+// (ActRows::G), no division per tile.
+struct IntFormBlock {
+  const int8_t* isc = nullptr;
+  const float* dsc = nullptr;
+  const int16_t* imn = nullptr;
+  const float* dmn = nullptr;
+  int64_t runs, P2;  // runs of kIMinRun groups; pairs of groups (whole runs)
+  IntFormBlock(const PackedExperts& w, int64_t e, int64_t b, int64_t G)
+      : runs((G + kIMinRun - 1) / kIMinRun), P2(runs * (kIMinRun / 2)) {
+    const int64_t eb = e * w.num_blocks() + b;
+    if (w.iscale_groups) isc = w.iscales.as<int8_t>() + eb * runs * kIMinRun * 16, dsc = w.dscales.as<float>() + eb * runs * 16;
+    if (w.imin_groups) imn = w.imins.as<int16_t>() + eb * P2 * 32, dmn = w.dmins.as<float>() + eb * runs * 16;
+  }
+  const int8_t* isc_at(int64_t j, int64_t gi) const { return isc + (j * runs * kIMinRun + gi) * 16; }
+  const float* dsc_at(int64_t j, int64_t gi) const { return dsc + (j * runs + gi / kIMinRun) * 16; }
+  const int16_t* imn_pair(int64_t j, int64_t pair) const { return imn + (j * P2 + pair) * 32; }  // [16][2]
+  const float* dmn_run(int64_t j, int64_t run) const { return dmn + (j * runs + run) * 16; }
+};
+
 // Valid columns of block b (the last block of a matrix may be cut at N).
 inline int valid_cols(const PackedExperts& w, int64_t b) {
   return int(std::min<int64_t>(16, w.out_features - 16 * b));

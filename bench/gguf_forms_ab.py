@@ -12,7 +12,8 @@ import time
 import numpy as np
 
 import moe_cpu
-from moe_cpu.bench import _kquant_mins, random_codes
+from moe_cpu.forms import UNSIGNED4
+from moe_cpu.bench.random_forms import kquant_mins, random_codes
 
 BASE = {"q4_k": "int4_g32", "q4_k_float_mins": "int4_g32", "iq4_xs": "int4_g32", "mxfp4": "int4_g32",
         "q6_k": "int8_w8a8", "q5_k": "int8_w8a8"}
@@ -24,8 +25,8 @@ def q4k_float_mins(rng, E, N, K):
     g = 32
     u = rng.integers(0, 16, (E, N, K), dtype=np.uint8)
     s = rng.random((E, N, K // g), dtype=np.float32) * 0.01
-    m = np.nextafter(_kquant_mins(rng, E, N, K // g), np.float32(1))
-    return moe_cpu.pack_int4(u, s, g, codebook=tuple(range(16)), mins=m)
+    m = np.nextafter(kquant_mins(rng, E, N, K // g), np.float32(1))
+    return moe_cpu.pack_int4(u, s, g, codebook=UNSIGNED4, mins=m)
 
 
 def main():

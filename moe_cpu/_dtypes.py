@@ -25,3 +25,13 @@ def as_bits(a: object, name: str, bits: type) -> object:
 def bf16_dtype() -> np.dtype | None:
     """ml_dtypes.bfloat16 as a NumPy dtype, or None without ml_dtypes."""
     return None if _ml is None else np.dtype(_ml.bfloat16)
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> uint16 bfloat16 bits, rounded to nearest even (NaN stays a quiet NaN)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    bits = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)   # no carry out: only NaN bits reach it
+    nan = np.isnan(x)
+    if nan.any():
+        bits[nan] = (u[nan] >> 16).astype(np.uint16) | 0x0040
+    return bits

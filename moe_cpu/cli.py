@@ -27,7 +27,7 @@ from . import _core, api
 def cmd_info(args: argparse.Namespace) -> int:
     """Print what this build and this CPU give: features, ISA level, kernels, threads, version."""
     from . import __version__
-    from .bench import peak_insn, tier
+    from .bench.peaks import peak_insn, tier
 
     f = api.cpu_features()
     print(f"moe_cpu {__version__}")
@@ -133,7 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = m(x)
     ref = m.reference(x)
     err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
-    from .bench import timed
+    from .bench.timing import timed
 
     t = timed(lambda: m(x), args.min_time)
     print(f"{args.tokens} tokens: relative L2 error vs float64 {err:.4g}, {t * 1e3:.3f} ms/call, "
@@ -180,8 +180,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if "--ep" in argv:           # expert parallel, under mpirun
             from .distributed import bench as ep_bench
             return ep_bench.main([a for a in argv[1:] if a != "--ep"])
-        from . import bench
-        return bench.main(argv[1:])
+        from .bench.main import main as bench_main
+        return bench_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return {"info": cmd_info, "convert": cmd_convert, "run": cmd_run}[args.command](args)

@@ -14,7 +14,6 @@ float64 NumPy for accuracy checks.
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Optional, Tuple
 
@@ -23,12 +22,11 @@ import numpy as np
 from . import api, reference
 from ._core import PackedExperts
 from ._dlpack import accepts_dlpack
+from .router import Router, check_f32, round_like, widen
 
 _LAYER_FORMAT = "moe_cpu.layer"   # layer.json "format" written by MoELayer.save
 
 __all__ = ["MoELayer"]
-
-_SCORING = ("softmax", "sigmoid")
 
 
 # ---------------------------------------------------------------------------------------- checks
@@ -38,12 +36,6 @@ def _pair_ok(w13: PackedExperts, w2: PackedExperts) -> bool:
     return w13.scheme == w2.scheme or (w13.scheme in ints and w2.scheme in ints)
 
 
-def _int(v: object, name: str) -> int:
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    return int(v)
-
-
 def _packed(w: object, name: str) -> PackedExperts:
     if not isinstance(w, PackedExperts):
         raise TypeError(f"{name} must be a PackedExperts (see moe_cpu.quantize_experts / pack_*), "
@@ -51,44 +43,31 @@ def _packed(w: object, name: str) -> PackedExperts:
     return w
 
 
-def _f32(a: object, name: str, shape: Tuple[int, ...]) -> Optional[np.ndarray]:
-    """None, or a C-contiguous float32 array of exactly `shape`."""
-    if a is None:
-        return None
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy float32 array, got {type(a).__name__}")
-    if a.dtype != np.float32:
-        raise TypeError(f"{name} must be float32, got {a.dtype}")
-    if a.shape != tuple(shape):
-        raise ValueError(f"{name} has shape {list(a.shape)} but {list(shape)} was expected")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous (use np.ascontiguousarray)")
-    return a
+def quantize(w: object, name: str, ndim: int, **q: object) -> PackedExperts:
+    """``quantize_experts`` of a float32 array of ``ndim`` dims (2: one expert); errors name the argument."""
+    if not isinstance(w, np.ndarray) or w.ndim != ndim:
+        raise ValueError(f"{name} must be a {ndim}-D float32 array, got {getattr(w, 'shape', type(w).__name__)}")
+    try:
+        return api.quantize_experts(np.ascontiguousarray(w if ndim == 3 else w[None]), **q)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{name}: {e}") from None
 
 
-def _widen(x: np.ndarray) -> np.ndarray:
-    """float32 as is; bf16 (ml_dtypes.bfloat16 or uint16 bits) -> float32 values (exact)."""
-    if x.dtype == np.float32:
-        return x
-    return (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def _sigmoid_gate(x: np.ndarray, gate: np.ndarray) -> np.ndarray:
-    """float32 [M]: sigmoid(x @ gate) (Qwen2-MoE's shared-expert weight), x widened to float32."""
-    z = _widen(x) @ gate
-    return (1.0 / (1.0 + np.exp(-z.astype(np.float64)))).astype(np.float32)
-
-
-def _round_like(out32: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """An fp32 result in x's dtype (bf16: rounded to nearest even once, as x's kind of bf16)."""
-    if x.dtype == np.float32:
-        return out32
-    bits = reference.float_to_bf16_bits(out32)
-    return bits if x.dtype == np.uint16 else bits.view(x.dtype)
+def quantize_shared(shared_w13: object, shared_w2: object, **q: object) -> Tuple[Optional[PackedExperts], ...]:
+    """The shared expert's float32 ``[2Is, H]`` / ``[H, Is]`` quantized (or (None, None))."""
+    if (shared_w13 is None) != (shared_w2 is None):
+        raise ValueError("shared_w13 and shared_w2 must be given together (or neither)")
+    if shared_w13 is None:
+        return None, None
+    return quantize(shared_w13, "shared_w13", 2, **q), quantize(shared_w2, "shared_w2", 2, **q)
 
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def _of_router(name: str) -> property:
+    return property(lambda self: getattr(self.router, name), doc=f"The router's ``{name}`` (``MoELayer.router``).")
 
 
 # ----------------------------------------------------------------------------------------- layer
@@ -114,7 +93,17 @@ class MoELayer:
     (DeepSeek-V3: ``out = factor * routed + shared``). ``select_experts`` already folds the factor
     into the router weights, so the shared expert is added with ``shared_expert(...,
     routed_scaling_factor=1.0)``.
+
+    The router, its settings and the shared-expert gate live in ``layer.router`` (``moe_cpu.router.Router``);
+    the layer shows them as read-only attributes of the same names.
     """
+
+    gate, gate_bias, top_k, shared_expert_gate = (_of_router(n) for n in ("gate", "gate_bias", "top_k",
+                                                                           "shared_expert_gate"))
+    renormalize, scoring_func, use_grouped_topk, num_expert_group, topk_group = (
+        _of_router(n) for n in ("renormalize", "scoring_func", "use_grouped_topk", "num_expert_group", "topk_group"))
+    e_score_correction_bias, routed_scaling_factor = (_of_router(n) for n in ("e_score_correction_bias",
+                                                                             "routed_scaling_factor"))
 
     def __init__(self, gate: np.ndarray, w13: PackedExperts, w2: PackedExperts, *, top_k: int,
                  w13_bias: Optional[np.ndarray] = None, w2_bias: Optional[np.ndarray] = None,
@@ -137,10 +126,9 @@ class MoELayer:
                              f"[E={E}, H={H}, I={I}] was expected from w13 [{E}, {2 * I}, {H}]")
         if not isinstance(gate, np.ndarray):
             raise TypeError(f"gate must be a numpy float32 array [E, H], got {type(gate).__name__}")
-        self.gate = _f32(gate, "gate", (E, H))
-        self.gate_bias = _f32(gate_bias, "gate_bias", (E,))   # router bias (gpt-oss), added to the logits
-        self.w13_bias = _f32(w13_bias, "w13_bias", (E, 2 * I))
-        self.w2_bias = _f32(w2_bias, "w2_bias", (E, H))
+        check_f32(gate, "gate", (E, H))
+        self.w13_bias = check_f32(w13_bias, "w13_bias", (E, 2 * I))
+        self.w2_bias = check_f32(w2_bias, "w2_bias", (E, H))
 
         if (shared_w13 is None) != (shared_w2 is None):
             raise ValueError("shared_w13 and shared_w2 must be given together (or neither)")
@@ -156,43 +144,14 @@ class MoELayer:
             if s13.out_features % 2 or s13.in_features != H or (s2.out_features, s2.in_features) != (H, Is):
                 raise ValueError(f"shared_w13 [1, {s13.out_features}, {s13.in_features}] and shared_w2 "
                                  f"[1, {s2.out_features}, {s2.in_features}] must be [1, 2Is, H={H}] and [1, H={H}, Is]")
-        self.shared_expert_gate = _f32(shared_expert_gate, "shared_expert_gate", (H,))
-        if self.shared_expert_gate is not None and shared_w13 is None:
+        if shared_expert_gate is not None and shared_w13 is None:
             raise ValueError("shared_expert_gate is given but the layer has no shared expert (shared_w13 / shared_w2)")
 
-        # routing
-        self.top_k = _int(top_k, "top_k")
-        if not 1 <= self.top_k <= E:
-            raise ValueError(f"top_k = {self.top_k} must be in [1, E={E}]")
-        self.renormalize = bool(renormalize)
-        if scoring_func not in _SCORING:
-            raise ValueError(f"scoring_func = {scoring_func!r} must be one of {_SCORING}")
-        self.scoring_func = scoring_func
-        self.use_grouped_topk = bool(use_grouped_topk)
-        if self.use_grouped_topk:
-            if num_expert_group is None or topk_group is None:
-                raise ValueError("use_grouped_topk=True needs num_expert_group and topk_group")
-            G, T = _int(num_expert_group, "num_expert_group"), _int(topk_group, "topk_group")
-            if G < 1 or E % G:
-                raise ValueError(f"num_expert_group = {G} must be positive and divide E = {E}")
-            if not 1 <= T <= G:
-                raise ValueError(f"topk_group = {T} must be in [1, num_expert_group={G}]")
-            if self.top_k > T * (E // G):
-                raise ValueError(f"top_k = {self.top_k} exceeds the {T * (E // G)} experts of topk_group={T} "
-                                 f"groups of {E // G}")
-            num_expert_group, topk_group = G, T
-        elif num_expert_group is not None or topk_group is not None:
-            raise ValueError("num_expert_group / topk_group are given but use_grouped_topk=False")
-        self.num_expert_group, self.topk_group = num_expert_group, topk_group
-        self.e_score_correction_bias = _f32(e_score_correction_bias, "e_score_correction_bias", (E,))
-        if (self.use_grouped_topk and self.e_score_correction_bias is not None
-                and E // self.num_expert_group < 2):
-            raise ValueError("e_score_correction_bias with grouped routing needs >= 2 experts per group")
-        if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float, np.number)):
-            raise TypeError(f"routed_scaling_factor must be a number, got {type(routed_scaling_factor).__name__}")
-        if not math.isfinite(float(routed_scaling_factor)):
-            raise ValueError(f"routed_scaling_factor = {routed_scaling_factor} must be finite")
-        self.routed_scaling_factor = float(routed_scaling_factor)
+        self.router = Router(gate, top_k=top_k, gate_bias=gate_bias, renormalize=renormalize,
+                             scoring_func=scoring_func, use_grouped_topk=use_grouped_topk,
+                             num_expert_group=num_expert_group, topk_group=topk_group,
+                             e_score_correction_bias=e_score_correction_bias,
+                             routed_scaling_factor=routed_scaling_factor, shared_expert_gate=shared_expert_gate)
         if activation not in api.ACTIVATIONS:
             raise ValueError(f"activation = {activation!r} must be one of {api.ACTIVATIONS}")
         self.activation = activation
@@ -220,23 +179,9 @@ class MoELayer:
                 quantized with the same scheme and group size (which must then divide Is too).
             The other arguments are passed to ``MoELayer(...)`` unchanged.
         """
-        if (shared_w13 is None) != (shared_w2 is None):
-            raise ValueError("shared_w13 and shared_w2 must be given together (or neither)")
-
-        def q(w: object, name: str, ndim: int) -> PackedExperts:
-            if not isinstance(w, np.ndarray) or w.ndim != ndim:
-                raise ValueError(f"{name} must be a {ndim}-D float32 array, got "
-                                 f"{getattr(w, 'shape', type(w).__name__)}")
-            w = w if ndim == 3 else w[None]
-            try:
-                return api.quantize_experts(np.ascontiguousarray(w), scheme, group_size, block_size)
-            except (ValueError, TypeError) as e:
-                raise type(e)(f"{name}: {e}") from None
-
-        shared = (None, None)
-        if shared_w13 is not None:
-            shared = (q(shared_w13, "shared_w13", 2), q(shared_w2, "shared_w2", 2))
-        return cls(gate, q(w13, "w13", 3), q(w2, "w2", 3), top_k=top_k, w13_bias=w13_bias, w2_bias=w2_bias,
+        q = dict(scheme=scheme, group_size=group_size, block_size=block_size)
+        shared = quantize_shared(shared_w13, shared_w2, **q)
+        return cls(gate, quantize(w13, "w13", 3, **q), quantize(w2, "w2", 3, **q), top_k=top_k, w13_bias=w13_bias, w2_bias=w2_bias,
                    shared_w13=shared[0], shared_w2=shared[1], renormalize=renormalize,
                    scoring_func=scoring_func, use_grouped_topk=use_grouped_topk,
                    num_expert_group=num_expert_group, topk_group=topk_group,
@@ -247,16 +192,13 @@ class MoELayer:
     # ------------------------------------------------------------------ checkpoints and packed files
     @classmethod
     def from_pretrained(cls, path: "str | os.PathLike[str]", layer_idx: int, scheme: Optional[str] = None,
-                        comm: object = None, **loader_kwargs: object) -> "MoELayer":
+                        **loader_kwargs: object) -> "MoELayer":
         """Layer ``layer_idx`` of a checkpoint (safetensors directory or file, or GGUF), via
         ``moe_cpu.loaders.load_layer`` (which documents formats, model families and ``scheme``).
-
-        With ``comm`` (an mpi4py communicator) the layer is expert-parallel: this returns
-        ``moe_cpu.distributed.EPMoELayer.from_pretrained(path, layer_idx, scheme, comm=comm, ...)``
-        (``placement``, ``exact`` and ``threads`` go there), and each rank reads only its experts."""
-        if comm is not None:
-            from .distributed import EPMoELayer
-            return EPMoELayer.from_pretrained(path, layer_idx, scheme, comm=comm, **loader_kwargs)
+        An expert-parallel layer is ``moe_cpu.distributed.EPMoELayer.from_pretrained(..., comm=comm)``."""
+        if "comm" in loader_kwargs:
+            raise TypeError("MoELayer.from_pretrained takes no comm=; an expert-parallel layer is "
+                            "moe_cpu.distributed.EPMoELayer.from_pretrained(path, layer_idx, scheme, comm=comm)")
         from .loaders import load_layer
 
         return cls.from_weights(load_layer(path, layer_idx, scheme, **loader_kwargs))
@@ -298,7 +240,7 @@ class MoELayer:
         meta = {"format": _LAYER_FORMAT, "version": 2, "activation": self.activation, "top_k": self.top_k,
                 "packed": sorted(k for k, p in packed.items() if p is not None),
                 "arrays": sorted(k for k, a in arrays.items() if a is not None),
-                **{k: v for k, v in self._routing_kwargs().items() if k != "e_score_correction_bias"}}
+                **{k: v for k, v in self.router.routing_kwargs().items() if k != "e_score_correction_bias"}}
         with open(os.path.join(d, "layer.json"), "w") as f:
             json.dump(meta, f, indent=1)
 
@@ -359,36 +301,16 @@ class MoELayer:
         return n
 
     # ------------------------------------------------------------------ forward
-    def _check_x(self, x: object) -> np.ndarray:
-        if not isinstance(x, np.ndarray):
-            raise TypeError(f"x must be a numpy array [M, H], got {type(x).__name__}")
-        if not (x.dtype == np.float32 or x.dtype == np.uint16 or x.dtype.name == "bfloat16"):
-            raise TypeError(f"x must be float32 or bfloat16 (ml_dtypes or uint16 bits), got {x.dtype}")
-        if x.ndim != 2 or x.shape[1] != self.hidden_size:
-            raise ValueError(f"x has shape {list(x.shape)} but [M, H={self.hidden_size}] was expected")
-        if not x.flags.c_contiguous:
-            raise ValueError("x must be C-contiguous (use np.ascontiguousarray)")
-        return x
-
     @accepts_dlpack("x")
     def router_logits(self, x: np.ndarray) -> np.ndarray:
         """float32 ``[M, E]`` = x @ gate.T (+ gate_bias). bf16 inputs are widened to float32 values here."""
-        logits = _widen(self._check_x(x)) @ self.gate.T
-        if self.gate_bias is not None:
-            logits += self.gate_bias
-        return np.ascontiguousarray(logits, dtype=np.float32)
-
-    def _routing_kwargs(self) -> dict:
-        return dict(renormalize=self.renormalize, scoring_func=self.scoring_func,
-                    use_grouped_topk=self.use_grouped_topk, num_expert_group=self.num_expert_group,
-                    topk_group=self.topk_group, e_score_correction_bias=self.e_score_correction_bias,
-                    routed_scaling_factor=self.routed_scaling_factor)
+        return self.router.logits(x)
 
     @accepts_dlpack("x")
     def route(self, x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """``(topk_weights float32 [M, k], topk_ids int32 [M, k])`` from ``moe_cpu.select_experts``;
         the weights include ``routed_scaling_factor``."""
-        return api.select_experts(self.router_logits(x), self.top_k, **self._routing_kwargs())
+        return self.router.route(x)
 
     @accepts_dlpack("x", bf16_from="x")
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -407,7 +329,7 @@ class MoELayer:
         """The layer after routing: ``fused_experts`` on the given routing (float32 ``[M, k]`` weights that
         already include ``routed_scaling_factor``; int32 / int64 ids) plus the shared expert, as ``__call__``.
         Lets a caller route elsewhere (e.g. a model's own router, moe_cpu.integrations.transformers)."""
-        x, weights, ids = self._check_x(x), topk_weights, topk_ids
+        x, weights, ids = self.router.check_x(x), topk_weights, topk_ids
         if self.shared_expert_gate is not None:
             return self._call_gated_shared(x, weights, ids)
         out = api.fused_experts(x, self.w13, self.w2, weights, ids, activation=self.activation,
@@ -419,21 +341,19 @@ class MoELayer:
     @accepts_dlpack("x")
     def shared_gate(self, x: np.ndarray) -> np.ndarray:
         """float32 ``[M]``: Qwen2-MoE's per-token shared-expert weight ``sigmoid(x @ shared_expert_gate)``."""
-        if self.shared_expert_gate is None:
-            raise ValueError("this layer has no shared_expert_gate")
-        return _sigmoid_gate(self._check_x(x), self.shared_expert_gate)
+        return self.router.shared_gate(x)
 
     def _call_gated_shared(self, x: np.ndarray, weights: np.ndarray, ids: np.ndarray) -> np.ndarray:
         # The shared expert runs as a one-expert fused_experts whose top-k weight is the gate; both
         # parts come back in fp32 (x widened: the kernels see the same values) and the sum is rounded
         # once to x's dtype.
-        xf = _widen(x)
+        xf = widen(x)
         out = api.fused_experts(xf, self.w13, self.w2, weights, ids, activation=self.activation,
                                 w13_bias=self.w13_bias, w2_bias=self.w2_bias)
         M = x.shape[0]
         out += api.fused_experts(xf, self.shared_w13, self.shared_w2, self.shared_gate(x)[:, None],
                                  np.zeros((M, 1), np.int32))
-        return _round_like(out, x)
+        return round_like(out, x)
 
     @accepts_dlpack("x")
     def reference(self, x: np.ndarray) -> np.ndarray:
@@ -444,8 +364,8 @@ class MoELayer:
         included, the kernels' activation quantization / bf16 rounding is not. The shared expert
         (SiLU FFN of its dequantized weights) is added in float64 too.
         """
-        x = self._check_x(x)
-        weights, ids = reference.select_experts_ref(self.router_logits(x), self.top_k, **self._routing_kwargs())
+        x = self.router.check_x(x)
+        weights, ids = reference.select_experts_ref(self.router.logits(x), self.top_k, **self.router.routing_kwargs())
         out = reference.fused_experts_float64(x, self.w13.unpack(), self.w2.unpack(), weights, ids,
                                               activation=self.activation, w13_bias=self.w13_bias,
                                               w2_bias=self.w2_bias)
@@ -457,18 +377,6 @@ class MoELayer:
         return out
 
     # ------------------------------------------------------------------ display
-    def _routing_str(self) -> str:
-        parts = [f"{'grouped ' if self.use_grouped_topk else ''}{self.scoring_func} top-{self.top_k}"]
-        if self.use_grouped_topk:
-            parts.append(f"{self.topk_group} of {self.num_expert_group} groups")
-        if self.e_score_correction_bias is not None:
-            parts.append("correction bias")
-        if self.renormalize:
-            parts.append("renormalized")
-        if self.routed_scaling_factor != 1.0:
-            parts.append(f"scale {self.routed_scaling_factor:g}")
-        return ", ".join(parts)
-
     def __repr__(self) -> str:
         def desc(w: PackedExperts) -> str:
             quant = {"int4_w4a8": f"group {w.group_size}", "int8_w8a8": f"group {w.group_size}",
@@ -484,7 +392,7 @@ class MoELayer:
         lines = [f"MoELayer(E={self.num_experts}, H={self.hidden_size}, I={self.intermediate_size}, "
                  f"top_k={self.top_k}, activation={self.activation})",
                  f"  weights: {weights}, {_mib(self.nbytes)}{biases}",
-                 f"  routing: {self._routing_str()}"]
+                 f"  routing: {self.router.describe()}"]
         if self.has_shared_expert:
             gated = ", sigmoid-gated per token" if self.shared_expert_gate is not None else ""
             lines.append(f"  shared expert: Is={self.shared_w2.in_features}, {self.shared_w13.scheme}, "

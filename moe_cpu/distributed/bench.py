@@ -12,16 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 import numpy as np
 
 from .. import api
-from ..bench import SHAPES, random_codes
+from ..bench.random_forms import random_codes
+from ..bench.shapes import SHAPES
 from ._mpi import mpi
-from .layer import EPMoELayer, _Router
+from ..router import Router
+from .layer import EPMoELayer
 from .placement import split_experts
 from .threads import place_threads
 
@@ -70,7 +71,7 @@ def bench_shape(comm, name, scheme, ms, calls, experts, exact=False):
     w13 = random_codes(rng, scheme, len(own), 2 * I, H)()
     w2 = random_codes(rng, scheme, len(own), H, I)()
     gate = np.random.default_rng(1).standard_normal((E, H), dtype=np.float32)
-    layer = EPMoELayer(comm, pl, _Router(gate, top_k=k), w13, w2, threads=None, exact=exact)
+    layer = EPMoELayer(comm, pl, Router(gate, top_k=k), w13, w2, threads=None, exact=exact)
     rows = []
     for M in ms:
         x = np.random.default_rng(2).standard_normal((M, H), dtype=np.float32)

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from .. import api, reference
 from .._core import PackedExperts
-from ..layer import MoELayer, _f32, _round_like, _sigmoid_gate, _widen
+from ..layer import MoELayer, quantize_shared
+from ..router import Router, round_like, widen
 from ._mpi import agree, check_comm, digest, mpi
 from .placement import Placement, check_placement, expert_map
 from .take import take_experts
@@ -30,8 +31,8 @@ from .threads import place_threads
 
 __all__ = ["EPMoELayer"]
 
-_ROUTING = ("renormalize", "scoring_func", "use_grouped_topk", "num_expert_group", "topk_group",
-            "e_score_correction_bias", "routed_scaling_factor")
+_ROUTER_ARGS = ("top_k", "gate_bias", "renormalize", "scoring_func", "use_grouped_topk", "num_expert_group",
+                "topk_group", "e_score_correction_bias", "routed_scaling_factor", "shared_expert_gate")
 
 
 def _rows(a: Optional[np.ndarray], ids: Sequence[int]) -> Optional[np.ndarray]:
@@ -45,9 +46,9 @@ class EPMoELayer:
     Args:
         comm: mpi4py intracommunicator; every rank constructs the layer and calls it together.
         placement: the result of ``check_placement`` (placement[r] = ids held by rank r).
-        router: a MoELayer-like object holding gate / gate_bias / routing / activation / top_k; its
-            experts are not used (see ``_Router``).
+        router: the layer's ``moe_cpu.router.Router`` (gate, routing settings, shared-expert gate).
         w13, w2: this rank's experts ``[len(placement[rank]), ...]`` (None when it holds none).
+        activation: one of ``moe_cpu.ACTIVATIONS``.
         w13_bias, w2_bias: this rank's rows of the expert biases.
         shared_w13, shared_w2: the shared expert, held by the ranks that run it (rank 0; all with exact).
         exact: bit-identical to the single-process layer (per-slot all-reduce, k times the bytes).
@@ -55,15 +56,21 @@ class EPMoELayer:
             the ``from_*`` constructors apply it once every rank has built its part.
     """
 
-    def __init__(self, comm: Any, placement: Placement, router: "_Router", w13: Optional[PackedExperts],
-                 w2: Optional[PackedExperts], *, w13_bias: Optional[np.ndarray] = None,
+    def __init__(self, comm: Any, placement: Placement, router: Router, w13: Optional[PackedExperts],
+                 w2: Optional[PackedExperts], *, activation: str = "silu", w13_bias: Optional[np.ndarray] = None,
                  w2_bias: Optional[np.ndarray] = None, shared_w13: Optional[PackedExperts] = None,
                  shared_w2: Optional[PackedExperts] = None, exact: bool = False, threads: object = "auto") -> None:
+        if not isinstance(router, Router):
+            raise TypeError(f"router must be a moe_cpu.router.Router, got {type(router).__name__}")
+        if activation not in api.ACTIVATIONS:
+            raise ValueError(f"activation = {activation!r} must be one of {api.ACTIVATIONS}")
+        if router.shared_expert_gate is not None and shared_w13 is None:
+            raise ValueError("shared_expert_gate is given but the layer has no shared expert (shared_w13 / shared_w2)")
         self.comm = check_comm(comm)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.placement, self.router, self.exact = placement, router, bool(exact)
+        self.placement, self.router, self.activation, self.exact = placement, router, activation, bool(exact)
         self.experts = placement[self.rank]
-        self.num_experts = router.gate.shape[0]
+        self.num_experts = router.num_experts
         self.expert_map = expert_map(self.experts, self.num_experts)
         self.w13, self.w2, self.w13_bias, self.w2_bias = w13, w2, w13_bias, w2_bias
         runs_shared = self.exact or self.rank == 0
@@ -103,8 +110,8 @@ class EPMoELayer:
 
         def make(pl: Placement) -> "EPMoELayer":
             own = pl[comm.Get_rank()]
-            return cls(comm, pl, _Router.of(layer), take_experts(layer.w13, own), take_experts(layer.w2, own),
-                       w13_bias=_rows(layer.w13_bias, own), w2_bias=_rows(layer.w2_bias, own),
+            return cls(comm, pl, layer.router, take_experts(layer.w13, own), take_experts(layer.w2, own),
+                       activation=layer.activation, w13_bias=_rows(layer.w13_bias, own), w2_bias=_rows(layer.w2_bias, own),
                        shared_w13=layer.shared_w13, shared_w2=layer.shared_w2, exact=exact, threads=threads)
         return cls._build(comm, placement, layer.num_experts, make)
 
@@ -122,14 +129,15 @@ class EPMoELayer:
                 raise ValueError("w13 and w2 must be float32 [E, 2I, H] and [E, H, I] arrays")
             if (w13.shape[0], w2.shape[0]) != (gate.shape[0],) * 2:
                 raise ValueError(f"gate has {gate.shape[0]} experts but w13 {w13.shape[0]} and w2 {w2.shape[0]}")
-            r = _Router.from_float(gate, w13, w2, **kw)
+            r = Router(gate, **{k: kw[k] for k in _ROUTER_ARGS if k in kw})
             q = dict(scheme=kw.get("scheme", "int4_w4a8"), group_size=kw.get("group_size"),
                      block_size=kw.get("block_size", (128, 128)))
+            s13, s2 = quantize_shared(kw.get("shared_w13"), kw.get("shared_w2"), **q)
             p13 = api.quantize_experts(np.ascontiguousarray(w13[own]), **q) if own else None
             p2 = api.quantize_experts(np.ascontiguousarray(w2[own]), **q) if own else None
-            return cls(comm, pl, r, p13, p2, w13_bias=_rows(kw.get("w13_bias"), own),
-                       w2_bias=_rows(kw.get("w2_bias"), own), shared_w13=r.shared_w13, shared_w2=r.shared_w2,
-                       exact=exact, threads=threads)
+            return cls(comm, pl, r, p13, p2, activation=kw.get("activation", "silu"),
+                       w13_bias=_rows(kw.get("w13_bias"), own), w2_bias=_rows(kw.get("w2_bias"), own),
+                       shared_w13=s13, shared_w2=s2, exact=exact, threads=threads)
         return cls._build(comm, placement, gate.shape[0], make)
 
     @classmethod
@@ -146,17 +154,16 @@ class EPMoELayer:
             own = pl[comm.Get_rank()]
             lw = load_layer(path, layer_idx, scheme, experts=own, **loader_kwargs)
             c = lw.config
-            r = _Router(lw.gate, top_k=c.top_k, activation=c.activation, gate_bias=lw.gate_bias,
-                        shared_w13=lw.shared_w13, shared_w2=lw.shared_w2, shared_expert_gate=lw.shared_expert_gate,
-                        e_score_correction_bias=lw.e_score_correction_bias, **c.routing_kwargs())
-            return cls(comm, pl, r, lw.w13, lw.w2, w13_bias=lw.w13_bias, w2_bias=lw.w2_bias,
+            r = Router(lw.gate, top_k=c.top_k, gate_bias=lw.gate_bias, shared_expert_gate=lw.shared_expert_gate,
+                       e_score_correction_bias=lw.e_score_correction_bias, **c.routing_kwargs())
+            return cls(comm, pl, r, lw.w13, lw.w2, activation=c.activation, w13_bias=lw.w13_bias, w2_bias=lw.w2_bias,
                        shared_w13=lw.shared_w13, shared_w2=lw.shared_w2, exact=exact, threads=threads)
         return cls._build(comm, placement, E, make)
 
     # ------------------------------------------------------------------ shapes
     @property
     def hidden_size(self) -> int:
-        return self.router.gate.shape[1]
+        return self.router.hidden_size
 
     @property
     def top_k(self) -> int:
@@ -171,14 +178,14 @@ class EPMoELayer:
     # ------------------------------------------------------------------ forward
     def _partial(self, x: np.ndarray, weights: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """fp32 [M, H]: this rank's experts (+ the shared expert on rank 0); [M*k, H] per slot when exact."""
-        xf = _widen(x)
+        xf = widen(x)
         if self.exact:
             k = ids.shape[1]
             xf, weights, ids = np.repeat(xf, k, axis=0), weights.reshape(-1, 1), ids.reshape(-1, 1)
         if self.w13 is None or xf.shape[0] == 0:
             part = np.zeros((xf.shape[0], self.hidden_size), np.float32)
         else:
-            part = api.fused_experts(xf, self.w13, self.w2, weights, ids, activation=self.router.activation,
+            part = api.fused_experts(xf, self.w13, self.w2, weights, ids, activation=self.activation,
                                      w13_bias=self.w13_bias, w2_bias=self.w2_bias, expert_map=self.expert_map)
         if self.has_shared_expert and not self.exact and part.shape[0]:
             part = self._add_shared(x, xf, part)
@@ -215,12 +222,12 @@ class EPMoELayer:
         if self.exact:
             part = self._sum_slots(part, M)
             if self.has_shared_expert and M and self.router.shared_expert_gate is not None:
-                return _round_like(self._add_shared(x, _widen(x), part), x)   # MoELayer: fp32 sum, one rounding
-            out = _round_like(part, x)
+                return round_like(self._add_shared(x, widen(x), part), x)   # MoELayer: fp32 sum, one rounding
+            out = round_like(part, x)
             if self.has_shared_expert and M:
                 out = api.shared_expert(x, self.shared_w13, self.shared_w2, out, 1.0, inplace=True)
             return out
-        return _round_like(part, x)
+        return round_like(part, x)
 
     def _sum_slots(self, slots: np.ndarray, M: int) -> np.ndarray:
         """[M*k, H] -> [M, H]: the top-k sum in fp32, j = 0..k-1 in order (fused_experts' order)."""
@@ -238,12 +245,12 @@ class EPMoELayer:
         try:
             x = self.router.check_x(x)
             M = x.shape[0]
-            w, ids = reference.select_experts_ref(self.router.logits(x), self.top_k, **self.router.routing)
+            w, ids = reference.select_experts_ref(self.router.logits(x), self.top_k, **self.router.routing_kwargs())
             part = np.zeros((M, self.hidden_size), np.float64)
             if self.w13 is not None and M:
                 local = np.where(ids >= 0, self.expert_map[np.maximum(ids, 0)], -1).astype(np.int32)
                 part += reference.fused_experts_float64(x, self.w13.unpack(), self.w2.unpack(), w, local,
-                                                        activation=self.router.activation,
+                                                        activation=self.activation,
                                                         w13_bias=self.w13_bias, w2_bias=self.w2_bias)
             if self.rank == 0 and self.shared_w13 is not None and M:
                 g = (np.ones((M, 1), np.float32) if self.router.shared_expert_gate is None
@@ -261,73 +268,3 @@ class EPMoELayer:
         return (f"EPMoELayer(E={self.num_experts}, H={self.hidden_size}, top_k={self.top_k}, ranks={self.size}, "
                 f"experts per rank {sizes}, rank {self.rank} holds {len(self.experts)}, "
                 f"{self.nbytes / 2**20:.1f} MiB here{', exact' if self.exact else ''})")
-
-
-class _Router:
-    """The router part of a layer: gate, routing settings, activation, top_k; shared expert if any."""
-
-    def __init__(self, gate: np.ndarray, *, top_k: int, activation: str = "silu",
-                 gate_bias: Optional[np.ndarray] = None, shared_w13: Optional[PackedExperts] = None,
-                 shared_w2: Optional[PackedExperts] = None, shared_expert_gate: Optional[np.ndarray] = None,
-                 **routing: Any) -> None:
-        if not isinstance(gate, np.ndarray) or gate.ndim != 2:
-            raise TypeError(f"gate must be a float32 numpy array [E, H], got {getattr(gate, 'shape', type(gate).__name__)}")
-        E, H = gate.shape
-        self.gate = _f32(gate, "gate", (E, H))
-        self.gate_bias = _f32(gate_bias, "gate_bias", (E,))
-        self.top_k, self.activation = top_k, activation
-        self.shared_w13, self.shared_w2 = shared_w13, shared_w2
-        self.shared_expert_gate = _f32(shared_expert_gate, "shared_expert_gate", (H,))
-        if self.shared_expert_gate is not None and shared_w13 is None:
-            raise ValueError("shared_expert_gate is given but the layer has no shared expert (shared_w13 / shared_w2)")
-        self.routing = {k: routing.get(k) for k in _ROUTING if k in routing}
-        if activation not in api.ACTIVATIONS:
-            raise ValueError(f"activation = {activation!r} must be one of {api.ACTIVATIONS}")
-        api.select_experts(np.zeros((1, E), np.float32), top_k, **self.routing)   # checks the settings
-
-    @classmethod
-    def of(cls, layer: MoELayer) -> "_Router":
-        return cls(layer.gate, top_k=layer.top_k, activation=layer.activation, gate_bias=layer.gate_bias,
-                   shared_w13=layer.shared_w13, shared_w2=layer.shared_w2,
-                   shared_expert_gate=layer.shared_expert_gate, **layer._routing_kwargs())
-
-    @classmethod
-    def from_float(cls, gate: np.ndarray, w13: np.ndarray, w2: np.ndarray, *, top_k: int, **kw: Any) -> "_Router":
-        """The router of ``MoELayer.from_float(gate, w13, w2, ...)`` with the shared expert quantized."""
-        q = {k: kw[k] for k in ("scheme", "group_size", "block_size") if k in kw}
-        s13, s2 = kw.get("shared_w13"), kw.get("shared_w2")
-        if (s13 is None) != (s2 is None):
-            raise ValueError("shared_w13 and shared_w2 must be given together (or neither)")
-        shared = (None, None)
-        if s13 is not None:
-            shared = tuple(api.quantize_experts(np.ascontiguousarray(s[None]), **q) for s in (s13, s2))
-        routing = {k: kw[k] for k in _ROUTING if k in kw}
-        return cls(gate, top_k=top_k, activation=kw.get("activation", "silu"), gate_bias=kw.get("gate_bias"),
-                   shared_w13=shared[0], shared_w2=shared[1], shared_expert_gate=kw.get("shared_expert_gate"),
-                   **routing)
-
-    def check_x(self, x: object) -> np.ndarray:
-        H = self.gate.shape[1]
-        if not isinstance(x, np.ndarray):
-            raise TypeError(f"x must be a numpy array [M, H], got {type(x).__name__}")
-        if not (x.dtype == np.float32 or x.dtype == np.uint16 or x.dtype.name == "bfloat16"):
-            raise TypeError(f"x must be float32 or bfloat16 (ml_dtypes or uint16 bits), got {x.dtype}")
-        if x.ndim != 2 or x.shape[1] != H:
-            raise ValueError(f"x has shape {list(x.shape)} but [M, H={H}] was expected")
-        if not x.flags.c_contiguous:
-            raise ValueError("x must be C-contiguous (use np.ascontiguousarray)")
-        return x
-
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        """As ``MoELayer.router_logits`` (the same operations, so the same bits)."""
-        logits = _widen(x) @ self.gate.T
-        if self.gate_bias is not None:
-            logits += self.gate_bias
-        return np.ascontiguousarray(logits, dtype=np.float32)
-
-    def shared_gate(self, x: np.ndarray) -> np.ndarray:
-        """As ``MoELayer.shared_gate``: float32 [M] sigmoid(x @ shared_expert_gate)."""
-        return _sigmoid_gate(x, self.shared_expert_gate)
-
-    def route(self, x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        return api.select_experts(self.logits(x), self.top_k, **self.routing)

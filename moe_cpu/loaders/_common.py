@@ -20,13 +20,6 @@ __all__ = ["LayerWeights", "Part", "Source", "Stack", "resolve_scheme", "resolve
            "fold_act_order", "bf16_bits_to_f32", "check_expert_ids"]
 
 INT_SCHEMES = ("int4_w4a8", "int8_w8a8")
-# MXFP4's e2m1 values times 2 (integers), so a block's weight is MXFP4_VALUES[q] * 2^(e8m0 - 128).
-MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
-
-
-def mxfp4_scales(e8m0: np.ndarray) -> np.ndarray:
-    """float32 2^(e - 128) per e8m0 byte: the group scale that goes with MXFP4_VALUES (exact)."""
-    return np.ldexp(np.float32(1), e8m0.astype(np.int32) - 128).astype(np.float32)
 
 
 @dataclass

@@ -27,13 +27,12 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._common import MXFP4_VALUES, LayerWeights, mxfp4_scales, Part, Source, build_experts, check_expert_ids, resolve_pair
+from ..forms import IQ4_NL_VALUES, MXFP4_VALUES, UNSIGNED4, mxfp4_scales
+from ._common import LayerWeights, Part, Source, build_experts, check_expert_ids, resolve_pair
 from .config import config_from_gguf
 
 __all__ = ["load_gguf_layer"]
 
-IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
-UNSIGNED4 = tuple(range(16))
 
 
 class _Blocks:

@@ -31,7 +31,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._common import (MXFP4_VALUES, LayerWeights, mxfp4_scales, Part, Source, bf16_bits_to_f32, build_pair,
+from ..forms import MXFP4_VALUES, mxfp4_scales
+from ._common import (LayerWeights, Part, Source, bf16_bits_to_f32, build_pair,
                       check_expert_ids, resolve_scheme)
 from .config import config_from_hf
 

@@ -199,7 +199,7 @@ def case_threads():
 def case_checkpoint(path):
     """from_pretrained with comm: each rank packs ~1/ranks of the layer; same output as one process."""
     full = moe_cpu.MoELayer.from_pretrained(path, 1)
-    ep = moe_cpu.MoELayer.from_pretrained(path, 1, comm=comm)
+    ep = EPMoELayer.from_pretrained(path, 1, comm=comm)
     routed = ep.w13.nbytes + ep.w2.nbytes
     share = len(ep.experts) / full.num_experts
     assert abs(routed / (full.w13.nbytes + full.w2.nbytes) - share) < 1e-9, (routed, share)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import moe_cpu
-from moe_cpu import bench, cli
+from moe_cpu import cli
+from moe_cpu.bench import peaks, peers
 
 PEAK_WHAT = {p["name"]: p["what"] for p in moe_cpu._core.peak_instructions()}
 
@@ -26,7 +27,7 @@ def test_info_names_each_kernel(tmp_path):
     for scheme, kernel in moe_cpu.cpu_features()["kernels"].items():
         assert any(scheme in line and kernel in line for line in out.splitlines()), (scheme, kernel, out)
     assert moe_cpu.__version__ in out and "threads" in out
-    assert f"tier:              {bench.tier()}" in out
+    assert f"tier:              {peaks.tier()}" in out
     for k in moe_cpu._core.registered_kernels():
         assert k["name"] in out
 
@@ -34,14 +35,14 @@ def test_info_names_each_kernel(tmp_path):
 def check_bench_json(out, data, schemes, ms):
     """The header names the tier and each scheme's peak instruction; rows are complete."""
     kernels = moe_cpu.cpu_features()["kernels"]
-    assert f"tier {bench.tier()}" in out and "paired decode ratio" in out
-    assert data["limits"]["read_gbs"] > 0 and data["limits"]["tier"] == bench.tier()
+    assert f"tier {peaks.tier()}" in out and "paired decode ratio" in out
+    assert data["limits"]["read_gbs"] > 0 and data["limits"]["tier"] == peaks.tier()
     rows = {(r["scheme"], r["M"]): r for r in data["rows"]}
     assert set(rows) == {(s, m) for s in schemes for m in ms}
     for r in rows.values():
         assert r["ms"] > 0 and r["tok_s"] > 0 and r["gbs"] > 0
         assert r["kernel"] == kernels[r["scheme"]]
-        insn = bench.peak_insn(r["kernel"])
+        insn = peaks.peak_insn(r["kernel"])
         assert r["peak_insn"] == insn
         if insn is None:
             assert r["pct_peak"] is None and "no SIMD peak" in out
@@ -72,7 +73,7 @@ def test_every_simd_kernel_has_a_measurable_peak():
     exactly when the CPU has the instruction."""
     x86 = platform.machine() in ("x86_64", "AMD64")
     for k in moe_cpu._core.registered_kernels():
-        insn = bench.peak_insn(k["name"])
+        insn = peaks.peak_insn(k["name"])
         if k["isa"] == "reference" or not x86:
             assert insn is None, k["name"]
         else:
@@ -106,5 +107,5 @@ def test_bench_topk_above_experts(tmp_path, capsys):
 
 def test_torch_peer_says_how_to_get_torch_when_it_is_missing(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
-    assert bench.torch_peer(np.random.default_rng(0), 1) == []
+    assert peers.torch_peer(np.random.default_rng(0), 1) == []
     assert "pip install torch==2.13.0" in capsys.readouterr().out

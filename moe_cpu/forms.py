@@ -1,0 +1,22 @@
+"""The int4 codebooks of the checkpoint weight forms, in one place (loaders, bench and CLI read them here).
+
+A codebook gives the integer value of each 4-bit code u = 0..15 (``pack_int4(..., codebook=)``); the
+weight is ``codebook[u] * scale`` (minus the group min, for forms with mins).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["IQ4_NL_VALUES", "MXFP4_VALUES", "UNSIGNED4", "mxfp4_scales"]
+
+# llama.cpp's IQ4_NL / IQ4_XS non-linear table (kvalues_iq4nl).
+IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+# MXFP4's e2m1 values times 2 (integers), so a block's weight is MXFP4_VALUES[q] * 2^(e8m0 - 128).
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+# Unsigned codes (Q4_1, Q4_K: value u, the offset carried by the group min).
+UNSIGNED4 = tuple(range(16))
+
+
+def mxfp4_scales(e8m0: np.ndarray) -> np.ndarray:
+    """float32 2^(e - 128) per e8m0 byte: the group scale that goes with MXFP4_VALUES (exact)."""
+    return np.ldexp(np.float32(1), e8m0.astype(np.int32) - 128).astype(np.float32)

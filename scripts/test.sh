@@ -1,12 +1,27 @@
 #!/usr/bin/env bash
-# Runs every test: the GoogleTest suite (plain and under ASan+UBSan) and pytest.
+# Runs every test: the GoogleTest suite (plain, under ASan+UBSan, AArch64 under qemu) and pytest (all of it at the
+# native level, the `isa`-marked tests again at every other ISA level, the DLPack tests under ASan).
+#   bash scripts/test.sh          # everything (what .ci/run runs)
+#   bash scripts/test.sh quick    # contributors: re-install the package incrementally, Release ctest, one native
+#                                 # pytest run without the `slow` tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}
+MODE=${1:-full}
+case "$MODE" in full|quick) ;; *) echo "usage: bash scripts/test.sh [quick]" >&2; exit 2 ;; esac
+if [ "$MODE" = quick ]; then
+  echo "== install (incremental build in build/py)"
+  python3 -m pip install -q --no-build-isolation --no-deps -C build-dir=build/py . 2>&1 | grep -v "Running pip as the 'root' user" || true
+fi
 echo "== C++ tests (Release)"
 cmake -S . -B build/ctest -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null
 cmake --build build/ctest -j "$JOBS"
 ctest --test-dir build/ctest --output-on-failure -j "$JOBS" | tail -n 3
+if [ "$MODE" = quick ]; then
+  echo "== pytest, native level, without the slow tests"
+  (cd tests && python3 -m pytest -q -p no:cacheprovider -m "not slow" python)
+  exit 0
+fi
 echo "== C++ tests (ASan + UBSan)"
 cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOE_CPU_SANITIZE=ON -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null
 cmake --build build/asan -j "$JOBS"
@@ -19,15 +34,17 @@ for level in neon neon_dotprod neon_i8mm neon_bf16; do
   echo "-- MOE_CPU_ISA=$level"
   MOE_CPU_ISA=$level qemu-aarch64 -cpu max -L /usr/aarch64-linux-gnu build/arm/moe_cpu_tests --gtest_brief=1 | tail -n 3
 done
-# pytest runs once per ISA level this CPU has (MOE_CPU_ISA forces dispatch; test_dispatch checks the
-# path taken). It runs from tests/ so that the source tree (no built _core) does not shadow the install.
+# pytest: the whole suite at the native level, then the `isa`-marked tests (those whose result depends on the kernel)
+# once per other ISA level this CPU has (MOE_CPU_ISA forces dispatch; test_dispatch checks the path taken). It runs
+# from tests/ so that the source tree (no built _core) does not shadow the install.
 LEVELS=$(cd tests && python3 -c "
 import moe_cpu
 f = set(moe_cpu.cpu_features()['detected'])
 print(' '.join(['native'] + [l for l, need in (('avx512', 'avx512'), ('avx512_novbmi', 'avx512_vbmi'), ('avx2vnni', 'avx_vnni'), ('avx2', 'avx2'), ('neon', 'neon')) if need in f] + ['reference']))")
 for level in $LEVELS; do
-  echo "== pytest, MOE_CPU_ISA=$level"
-  (cd tests && MOE_CPU_ISA=$level python3 -m pytest -q -p no:cacheprovider python)
+  if [ "$level" = native ]; then select=(); else select=(-m isa); fi
+  echo "== pytest, MOE_CPU_ISA=$level ${select[*]}"
+  (cd tests && MOE_CPU_ISA=$level python3 -m pytest -q -p no:cacheprovider "${select[@]}" python)
 done
 # The DLPack import hands producers' memory to the core: run its tests against an ASan + UBSan build of
 # the extension (its own build dir and target; LD_PRELOAD puts the sanitizer runtimes before Python's).

@@ -7,6 +7,8 @@ import pytest
 import moe_cpu
 from conftest import assert_close, make_input, make_routing, ref
 
+pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
+
 
 def act_order_map(rng, E, K, g, shared=False):
     """A random valid GPTQ g_idx [E, K]: g_idx[perm[i]] = i // g for a random permutation perm."""

@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow   # subprocesses / torch / mpirun: native level only, not in `test.sh quick`
+
 SETUP = textwrap.dedent("""
     import numpy as np, moe_cpu as mc
     rng = np.random.default_rng(0)

@@ -12,6 +12,8 @@ import moe_cpu
 from moe_cpu import cli
 from moe_cpu.bench import peaks, peers
 
+pytestmark = pytest.mark.slow   # subprocesses / torch / mpirun: native level only, not in `test.sh quick`
+
 PEAK_WHAT = {p["name"]: p["what"] for p in moe_cpu._core.peak_instructions()}
 
 

@@ -12,6 +12,8 @@ import pytest
 
 import moe_cpu
 
+pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
+
 LEVEL = os.environ.get("MOE_CPU_ISA", "native")
 DETECTED = set(moe_cpu.cpu_features()["detected"])
 # ISA words a level allows (the registry tries kernels best first among these).

@@ -16,6 +16,8 @@ from moe_cpu.distributed import check_placement, split_experts
 from moe_cpu.loaders import load_layer, safetensors_loader
 from test_loaders import L, bf16, float_weights, qwen3_config, save_hf
 
+pytestmark = pytest.mark.slow   # subprocesses / torch / mpirun: native level only, not in `test.sh quick`
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ep_worker.py")
 CASES = ["match", "placement", "idle_rank", "m0", "errors", "threads"]
 MPIRUN = shutil.which("mpirun")

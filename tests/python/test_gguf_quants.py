@@ -98,6 +98,7 @@ def check_layer(rng, lw, keep, M, k=2):
         assert err < TOL["int4_w4a8"] * 2, f"vs float64 on gguf's dequantized weights: {err:.3g}"
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("typ", TYPES)
 def test_unpack_equals_gguf_dequantize_bit_for_bit(tmp_path, rng, typ):
     """Every finite fp16 scale pattern (and every e8m0 byte) through our decoding and unpack()."""
@@ -122,6 +123,7 @@ FORM = {"Q4_0": "int4", "Q4_1": "int4+codebook+mins", "Q5_0": "int8", "Q5_1": "i
         "IQ4_XS": "int4+codebook", "MXFP4": "int4+codebook"}
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("M", [0, 1, 3, 257])
 @pytest.mark.parametrize("typ", TYPES)
 def test_layer_of_one_type(tmp_path, rng, typ, M):
@@ -132,6 +134,7 @@ def test_layer_of_one_type(tmp_path, rng, typ, M):
     check_layer(rng, lw, keep, M)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("types,forms", [
     (("Q4_K", "Q4_K", "Q6_K"), ("int4+codebook+mins", "int8")),        # Q4_K_M's usual layer
     (("Q4_K", "Q4_K", "Q5_K"), ("int4+codebook+mins", "int8+mins")),
@@ -148,12 +151,14 @@ def test_mixed_types_in_one_layer(tmp_path, rng, types, forms):
     assert lw.w13.form in repr(layer) or "int8" in repr(layer)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("E,k,H,I", [(1, 1, 96, 160), (3, 3, 64, 96)])
 def test_one_expert_k_equal_e_and_odd_shapes(tmp_path, rng, E, k, H, I):
     path, keep = moe_file(tmp_path, rng, ("IQ4_NL", "IQ4_NL", "Q5_1"), E=E, H=H, I=I)
     check_layer(rng, load_layer(path, L), keep, 7, k=k)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("MXFP4", "MXFP4", "MXFP4")])
 def test_shared_expert_types(tmp_path, rng, types):
     Is = 256
@@ -204,6 +209,7 @@ def test_bad_files_raise_value_error(tmp_path, label, needles):
     assert_load_raises(tmp_path, _bad_file(tmp_path, label), None, label, needles)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("IQ4_XS", "IQ4_XS", "IQ4_XS"), ("MXFP4",) * 3])
 def test_cli_convert_then_run(tmp_path, rng, types):
     """`moe-cpu convert` packs the file's forms into version 2 files that load back unchanged, and

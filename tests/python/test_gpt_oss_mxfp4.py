@@ -19,6 +19,8 @@ from moe_cpu.loaders import load_layer
 from test_gguf_quants import ref_of
 from test_loaders import L, assert_load_raises
 
+pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
+
 torch = pytest.importorskip("torch")
 mxfp4 = pytest.importorskip("transformers.integrations.mxfp4")
 

@@ -19,6 +19,8 @@ from conftest import assert_close, make_input, ref
 from moe_cpu.loaders import load_layer
 from test_loaders import L, LAYERS, assert_load_raises, bf16, qwen3_config, save_hf
 
+pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
+
 AWQ_NIBBLE_COLUMN = (0, 2, 4, 6, 1, 3, 5, 7)
 
 

@@ -21,6 +21,8 @@ from moe_cpu.integrations.transformers import MoECPUBlock, patch  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "data" / "hf_configs"))
 from tiny_models import FAMILIES, config_kwargs  # noqa: E402
 
+pytestmark = pytest.mark.slow   # subprocesses / torch / mpirun: native level only, not in `test.sh quick`
+
 transformers.logging.set_verbosity_error()
 NEW_TOKENS = 16
 

@@ -11,6 +11,8 @@ import pytest
 import moe_cpu
 from conftest import assert_close, float_weights, ref
 
+pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
+
 H, I_INT4, I_ODD = 128, 96, 45
 QUALITY = {"int4_w4a8": 0.25, "int8_w8a8": 0.05, "fp8_w8a16": 0.05, "bf16": 0.01}   # relative L2 limits
 
@@ -243,3 +245,8 @@ def test_from_float_errors_name_the_argument(rng):
         moe_cpu.MoELayer.from_float(f["gate"], f["w13"], f["w2"].astype(np.float64), top_k=2)
     with pytest.raises(ValueError, match="shared_w13 and shared_w2"):
         moe_cpu.MoELayer.from_float(f["gate"], f["w13"], f["w2"], shared_w13=f["shared_w13"], top_k=2)
+
+
+def test_from_pretrained_refuses_comm_and_names_the_expert_parallel_entry():
+    with pytest.raises(TypeError, match=r"EPMoELayer\.from_pretrained"):
+        moe_cpu.MoELayer.from_pretrained("no/such/checkpoint", 0, comm=object())

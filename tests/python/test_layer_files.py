@@ -12,6 +12,8 @@ import safetensors.numpy as st
 import moe_cpu
 from conftest import float_weights, make_input, ref
 
+pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
+
 E, H, I, LAYERS = 4, 128, 64, 3
 
 

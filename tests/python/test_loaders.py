@@ -89,6 +89,7 @@ def assert_codes(packed, **expected):
 
 
 # ---------------------------------------------------------------------- compressed-tensors
+@pytest.mark.isa
 @pytest.mark.parametrize("fmt", ["pack-quantized", "int-quantized"])
 @pytest.mark.parametrize("g", [32, 64, 128, -1])
 def test_compressed_tensors_int4(tmp_path, rng, fmt, g):
@@ -135,6 +136,7 @@ def test_compressed_tensors_int4(tmp_path, rng, fmt, g):
                                                                              stack("down_proj", 1), g))
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("strategy", ["channel", "tensor"])
 def test_compressed_tensors_int8_mixtral_odd_I(tmp_path, rng, strategy):
     """W8A8 per channel (or one scale per tensor, broadcast), Mixtral naming
@@ -180,6 +182,7 @@ def expand_rows(s, bn, bn_eff, n):
     return np.repeat(s, bn // bn_eff, axis=0)[: -(-n // bn_eff)]
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("I", [96, 45])
 def test_deepseek_v3_fp8(tmp_path, rng, I):
     E, H, bn = 8, 256, 128
@@ -243,6 +246,7 @@ def test_deepseek_v3_fp8(tmp_path, rng, I):
 
 
 # ------------------------------------------------------------- unquantized, quantize on load
+@pytest.mark.isa
 @pytest.mark.parametrize("scheme,g", [("bf16", None), ("int4_w4a8", 32), ("int8_w8a8", None), ("fp8_w8a16", None),
                                       (None, None)])
 def test_quantize_on_load_matches_quantize_experts(tmp_path, rng, monkeypatch, scheme, g):
@@ -276,6 +280,7 @@ def test_quantize_on_load_matches_quantize_experts(tmp_path, rng, monkeypatch, s
                                   moe_cpu.fused_experts(x, want13, want2, tw, ids))
 
 
+@pytest.mark.isa
 def test_qwen2_moe_f32_shared_expert(tmp_path, rng):
     """F32 checkpoint -> bf16 by rounding; Qwen2-MoE shared_expert + shared_expert_gate."""
     E, H, I, Is = 4, 64, 32, 48
@@ -326,6 +331,7 @@ def test_qwen2_moe_f32_shared_expert(tmp_path, rng):
     np.testing.assert_array_equal(back(x), layer(x))
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("raw", [False, True])
 def test_gpt_oss_bf16_fused_interleaved(tmp_path, rng, monkeypatch, raw):
     """gpt-oss: gate_up_proj [E, H, 2I] (interleaved gate/up columns), biases, router bias.
@@ -457,6 +463,7 @@ def ref_weights(exps, scheme):
     return (ref.RefWeights.int4 if scheme == "int4_w4a8" else ref.RefWeights.int8)(q, s, 32)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("types,scheme", [
     (("Q4_0",) * 3, "int4_w4a8"), (("Q8_0",) * 3, "int8_w8a8"), (("Q4_0", "Q4_0", "Q8_0"), "int4_w4a8/int8_w8a8"),
     (("BF16",) * 3, "bf16"), (("F16",) * 3, "bf16"), (("F32",) * 3, "bf16")])
@@ -484,6 +491,7 @@ def test_gguf_qwen3moe(tmp_path, rng, types, scheme):
     check_moe(rng, lw, w13r, w2r)
 
 
+@pytest.mark.isa
 def test_gguf_deepseek2_shared_and_routing(tmp_path, rng):
     E, H, I, Is = 8, 64, 32, 64
     tensors, keep = gguf_moe(rng, "deepseek2", E, H, I, ("Q8_0",) * 3, shexp=Is, extra={"exp_probs_b.bias": (E,)})
@@ -506,6 +514,7 @@ def test_gguf_deepseek2_shared_and_routing(tmp_path, rng):
     assert_close(got, want, "int8_w8a8", "gguf shared expert")
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("fused", [False, True])
 def test_gguf_gpt_oss_biases(tmp_path, rng, fused):
     E, H, I = 4, 64, 32

@@ -10,7 +10,10 @@ import sys
 
 import jupyter_client.kernelspec
 import nbformat
+import pytest
 from nbclient import NotebookClient
+
+pytestmark = pytest.mark.slow   # subprocesses / torch / mpirun: native level only, not in `test.sh quick`
 
 NOTEBOOK = pathlib.Path(__file__).resolve().parents[2] / "docs" / "examples" / "quickstart.ipynb"
 

@@ -21,6 +21,8 @@ import moe_cpu
 from conftest import (SCHEME_CONFIGS, assert_close, float_weights, make_input, make_moe, make_routing,
                       make_weights, ref)
 
+pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
+
 ACTIVATIONS = ref.ACTIVATIONS
 ALL = sorted(SCHEME_CONFIGS)
 ANY_K = ["int4_pc", "int8", "fp8_128", "fp8_32x64", "bf16"]      # configs that accept any K

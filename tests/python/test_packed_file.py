@@ -11,6 +11,8 @@ import pytest
 import moe_cpu
 from conftest import SCHEME_CONFIGS, make_input, make_moe, make_routing
 
+pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
+
 HEADER_CRC_AT = 252
 
 

@@ -1,11 +1,14 @@
 """Property test: random shapes and options, the dispatched path (SIMD where the CPU has it)
 against the NumPy reference at the named tolerances."""
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import moe_cpu
 from conftest import SCHEME_CONFIGS, assert_close, make_input, make_moe, make_routing, ref
+
+pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
 
 ACTS = list(ref.ACTIVATIONS)
 

@@ -7,6 +7,8 @@ import pytest
 import moe_cpu
 from conftest import SCHEME_CONFIGS, make_input, make_moe, make_routing
 
+pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
+
 
 @pytest.mark.parametrize("name", ["int4_g32", "int8", "fp8_128", "bf16"])
 def test_eight_python_threads_match_single_threaded_bits(rng, name):

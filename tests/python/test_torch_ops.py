@@ -14,6 +14,8 @@ import moe_cpu.torch_ops as mt  # noqa: E402
 from moe_cpu._tensors import to_numpy  # noqa: E402
 from conftest import assert_close, make_moe, ref  # noqa: E402
 
+pytestmark = pytest.mark.slow   # subprocesses / torch / mpirun: native level only, not in `test.sh quick`
+
 E, H, I, M, K = 8, 128, 64, 19, 2
 ops = torch.ops.moe_cpu
 

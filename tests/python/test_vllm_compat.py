@@ -437,6 +437,7 @@ def _apply(experts, layer, x, logits, activation=MoEActivation.SILU, expert_map=
 ACTS = [MoEActivation.SILU, MoEActivation.SWIGLUSTEP, MoEActivation.SWIGLUOAI]
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("activation", ACTS)
 @pytest.mark.parametrize("routing", [RoutingMethodType.Default, RoutingMethodType.Renormalize,
                                      RoutingMethodType.RenormalizeNaive])
@@ -469,6 +470,7 @@ def _softmax_topk_float64(logits, k, renormalize):
     return w, ids
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_apply_close_to_unquantized_float64(renormalize):
     layer = Layer(seed=2)
@@ -483,6 +485,7 @@ def test_apply_close_to_unquantized_float64(renormalize):
     assert rel_l2(out, truth) < TOL_UNQUANT_REL_L2
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize(
     "activation, vllm_kernel_activation",
     [
@@ -508,6 +511,7 @@ def test_apply_computes_the_design_activation(activation, vllm_kernel_activation
         assert rel_l2(out, other) > 5 * TOL_DEQUANT_REL_L2  # really a different function
 
 
+@pytest.mark.isa
 def test_apply_per_channel_weights():
     layer = Layer(group=-1, seed=4)
     assert layer.p13.group_size == -1
@@ -522,6 +526,7 @@ def test_apply_per_channel_weights():
     np.testing.assert_array_equal(_apply(experts, layer, x, logits), out)
 
 
+@pytest.mark.isa
 def test_apply_bfloat16_hidden_states():
     layer = Layer(seed=5)
     x, logits = layer.inputs(11)
@@ -533,6 +538,7 @@ def test_apply_bfloat16_hidden_states():
     np.testing.assert_array_equal(out.view(np.uint16), ref.view(np.uint16))
 
 
+@pytest.mark.isa
 def test_apply_router_logits_of_other_float_dtypes_are_routed_in_float32():
     layer = Layer(seed=6)
     x, logits = layer.inputs(5)
@@ -544,6 +550,7 @@ def test_apply_router_logits_of_other_float_dtypes_are_routed_in_float32():
     np.testing.assert_array_equal(out16, _apply(experts, layer, x, logits.astype(np.float16).astype(np.float32)))
 
 
+@pytest.mark.isa
 def test_apply_passes_biases_from_quant_config():
     layer = Layer(seed=7)
     x, logits = layer.inputs(6)
@@ -557,6 +564,7 @@ def test_apply_passes_biases_from_quant_config():
     assert not np.array_equal(out, _apply(layer.experts(), layer, x, logits))
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("map_dtype", [np.int32, np.int64])
 def test_apply_expert_parallel_halves_sum_to_full_layer(map_dtype):
     layer = Layer(E=8, seed=8)
@@ -581,6 +589,7 @@ def test_apply_expert_parallel_halves_sum_to_full_layer(map_dtype):
     assert np.abs(parts[0]).max() > 0 and np.abs(parts[1]).max() > 0
 
 
+@pytest.mark.isa
 def test_apply_grouped_routing_with_correction_bias():
     layer = Layer(E=16, seed=9)
     x, logits = layer.inputs(17)
@@ -603,6 +612,7 @@ def test_apply_grouped_routing_with_correction_bias():
     assert not np.array_equal(ti, ti_nobias)
 
 
+@pytest.mark.isa
 def test_apply_routed_scaling_factor_none_means_one():
     layer = Layer(seed=10)
     x, logits = layer.inputs(4)
@@ -611,6 +621,7 @@ def test_apply_routed_scaling_factor_none_means_one():
                                   _apply(experts, layer, x, logits, routed_scaling_factor=1.0))
 
 
+@pytest.mark.isa
 def test_apply_is_batch_invariant():
     layer = Layer(seed=11)
     x, logits = layer.inputs(19)
@@ -631,6 +642,7 @@ def small():
     return layer, x, logits
 
 
+@pytest.mark.isa
 def test_apply_rejects_wrong_hidden_width(small):
     layer, x, logits = small
     with pytest.raises(ValueError, match="hidden_states has 96 columns but moe_config.hidden_dim is 128"):
@@ -639,6 +651,7 @@ def test_apply_rejects_wrong_hidden_width(small):
         _apply(layer.experts(), layer, x[0], logits)
 
 
+@pytest.mark.isa
 def test_apply_rejects_weights_of_the_wrong_shape(small):
     layer, x, logits = small
     other = Layer(I=96, seed=13)
@@ -648,6 +661,7 @@ def test_apply_rejects_weights_of_the_wrong_shape(small):
         _apply(layer.experts(), layer, x, logits, w2=other.p2)
 
 
+@pytest.mark.isa
 def test_apply_rejects_group_size_mismatch(small):
     layer, x, logits = small
     experts = layer.experts(quant_config=make_w4a8_int8_moe_quant_config((1, 64)))
@@ -658,6 +672,7 @@ def test_apply_rejects_group_size_mismatch(small):
         _apply(experts, layer, x, logits)
 
 
+@pytest.mark.isa
 def test_apply_rejects_non_int4_weights(small):
     layer, x, logits = small
     with pytest.raises(TypeError, match="w1 must be a moe_cpu.PackedExperts"):
@@ -667,6 +682,7 @@ def test_apply_rejects_non_int4_weights(small):
         _apply(layer.experts(), layer, x, logits, w2=bf16)
 
 
+@pytest.mark.isa
 def test_apply_rejects_bad_routing_arguments(small):
     layer, x, logits = small
     experts = layer.experts()
@@ -679,6 +695,7 @@ def test_apply_rejects_bad_routing_arguments(small):
                e_score_correction_bias=np.zeros(3, np.float32))
 
 
+@pytest.mark.isa
 def test_apply_rejects_unsupported_activation_routing_and_scale(small):
     layer, x, logits = small
     with pytest.raises(ValueError, match="activation=GELU is not supported by CPUExpertsInt4"):
@@ -690,6 +707,7 @@ def test_apply_rejects_unsupported_activation_routing_and_scale(small):
                               np.ones((5, 1), np.float32), False)
 
 
+@pytest.mark.isa
 def test_apply_rejects_bad_expert_map(small):
     layer, x, logits = small
     half = moe_cpu.quantize_experts(np.ascontiguousarray(layer.w13[:4]), "int4_w4a8", group_size=32)

@@ -10,6 +10,8 @@ import pytest
 import moe_cpu
 from conftest import assert_close, make_input, make_routing, ref
 
+pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
+
 IQ4_NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 UNSIGNED = tuple(range(16))

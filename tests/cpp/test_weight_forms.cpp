@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kernel_test_util.h"
+#include "moe/int_forms.h"
 #include "moe_cpu/errors.h"
 #include "moe_cpu/packed_experts.h"
 #include "test_util.h"

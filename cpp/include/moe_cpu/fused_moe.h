@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "moe_cpu/packed_experts.h"
+#include "moe_cpu/threads.h"
 #include "moe_cpu/types.h"
 
 namespace moe_cpu {
@@ -46,9 +47,6 @@ struct AlignedRows {
 };
 AlignedRows moe_align_block_size(const int32_t* topk_ids, int64_t numel, int64_t num_experts,
                                  int64_t block_size);
-
-void set_num_threads(int n);
-int get_num_threads();
 
 // Bound on fused_experts' per-call scratch in bytes (default 96 MiB). Tokens are processed in equal
 // chunks that fit it (at least one token per chunk); larger chunks reuse each expert's weights

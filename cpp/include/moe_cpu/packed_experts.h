@@ -140,24 +140,13 @@ struct PackedExperts {
   void dequant_row(int64_t e, int64_t n, float* out) const;
 };
 
-// Builds the integer mins when p.kernel takes them and every run of 8 groups factors exactly
-// (a no-op otherwise). Called by the packers and load_packed once the kernel is chosen.
-void derive_int_mins(PackedExperts& p);
-// The float mins in the scales' blocked order (from the integer form when the float ones were dropped).
-AlignedBuffer float_mins(const PackedExperts& p);
-// Builds the integer scales when p.kernel takes them (int4 groups) and every run of 8 groups factors
-// exactly as d * int8 (a no-op otherwise). Called with derive_int_mins.
-void derive_int_scales(PackedExperts& p);
-// The float scales in their blocked order (from the integer form when the float ones were dropped).
-AlignedBuffer float_scales(const PackedExperts& p);
-// Runs p with kernel kd from now on: the mins take the form kd reads (tests run every kernel).
-void set_kernel(PackedExperts& p, const KernelDesc* kd);
+// The integer forms of scales and mins (derive_int_*, float_*, set_kernel): cpp/src/moe/int_forms.h.
 
 // Sets p.k_perm (int schemes) from perm [E, K]: each row a permutation of [0, K); ValueError else.
 // The weights must already be packed in permuted channel order (their groups contiguous).
 void set_k_perm(PackedExperts& p, const int32_t* perm);
 
-// ---- packing from pre-quantized arrays (what a checkpoint holds). All throw ValueError. ----
+// ---- packing from pre-quantized arrays (what a checkpoint holds; cpp/src/moe/pack.cpp). All throw ValueError. ----
 // int4 q: int8 in [-8,7] when zeros and codebook are null; else codes in [0,15] (uint8 bits), with
 // zeros [E,N,G] in [0,15], or indices into codebook[16] (int8 values; not with zeros).
 // mins [E,N,G] (optional, finite): subtracted after scaling (w = s * value - m).

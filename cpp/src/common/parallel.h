@@ -4,7 +4,7 @@
 #include <exception>
 #include <mutex>
 
-#include "moe_cpu/fused_moe.h"
+#include "moe_cpu/threads.h"
 
 namespace moe_cpu {
 

@@ -6,13 +6,13 @@
 
 namespace moe_cpu {
 
-#define MOE_KERNEL(prec, isa, mr, nr, feat) extern const KernelDesc kernel_##prec##_##isa;
+#define MOE_KERNEL(prec, isa) extern const KernelDesc kernel_##prec##_##isa;
 #include "dispatch/kernels.def"
 #undef MOE_KERNEL
 
 const std::vector<const KernelDesc*>& all_kernels() {
   static const std::vector<const KernelDesc*> list = {
-#define MOE_KERNEL(prec, isa, mr, nr, feat) &kernel_##prec##_##isa,
+#define MOE_KERNEL(prec, isa) &kernel_##prec##_##isa,
 #include "dispatch/kernels.def"
 #undef MOE_KERNEL
   };

@@ -1,35 +1,10 @@
-// align.cpp — rows grouped by expert (moe_align_block_size) and the thread-count setting.
+// align.cpp — rows grouped by expert (moe_align_block_size).
 #include <algorithm>
-#include <atomic>
 
 #include "moe_cpu/errors.h"
 #include "moe_cpu/fused_moe.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 namespace moe_cpu {
-
-namespace {
-int default_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-std::atomic<int> g_threads{0};
-}  // namespace
-
-void set_num_threads(int n) {
-  if (n < 1) throw ValueError(msg("num_threads = ", n, " must be >= 1"));
-  g_threads = n;
-}
-int get_num_threads() {
-  int n = g_threads.load();
-  return n > 0 ? n : default_threads();
-}
 
 AlignedRows moe_align_block_size(const int32_t* ids, int64_t numel, int64_t E, int64_t block) {
   if (E < 1) throw ValueError(msg("num_experts = ", E, " must be >= 1"));

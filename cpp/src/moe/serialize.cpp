@@ -23,6 +23,7 @@
 
 #include "common/layout.h"
 #include "dispatch/registry.h"
+#include "moe/int_forms.h"
 #include "moe_cpu/errors.h"
 #include "moe_cpu/packed_experts.h"
 

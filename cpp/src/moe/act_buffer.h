@@ -1,0 +1,152 @@
+// act_buffer.h — the activation rows of one GEMM of the fused pass: int8 codes + row scale + per-group
+// code sums (int schemes), or bf16 bits / their fp32 values (float schemes), and the ActRows view a
+// kernel reads.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "common/numeric.h"
+#include "common/transpose8x8.h"
+#include "dispatch/registry.h"
+#include "moe_cpu/errors.h"
+#include "moe_cpu/packed_experts.h"
+
+namespace moe_cpu {
+
+// Activation rows prepared for one GEMM: int8 codes + row scale + per-group sums, or bf16 bits
+// (or, for a kernel with f32_acts, their fp32 values); rows have stride Kp and zero padding.
+struct ActBuffer {
+  std::vector<int8_t> q;
+  std::vector<float> s;
+  std::vector<int32_t> asum;
+  std::vector<float> asum_f32;  // for weights with float mins
+  std::vector<int16_t> asum16;  // for weights with integer mins: [rows, G2] (G2: G padded to whole runs)
+  std::vector<uint16_t> b;
+  std::vector<float> f;
+  int64_t K = 0, Kp = 0, gl = 0, G = 0;
+  bool int_scheme = false, f32 = false, mins = false, imins = false;
+  int64_t G2 = 0;
+
+  // Sizes the buffers for `rows` rows (kept allocated across calls; set_row writes every byte).
+  void reset(const PackedExperts& w, int64_t rows) {
+    K = w.in_features, Kp = w.padded_k(), gl = w.group_len(), G = w.num_groups();
+    int_scheme = is_int_scheme(w.scheme);
+    f32 = !int_scheme && w.kernel->f32_acts;
+    imins = int_scheme && w.has_mins && w.imin_groups > 0;
+    mins = int_scheme && w.has_mins;  // fp32 code sums: float mins, and the ymm kernels' integer mins
+    G2 = imins ? w.imin_pairs() * 2 : 0;
+    if (int_scheme) {
+      q.resize(static_cast<size_t>(rows * Kp));
+      s.resize(static_cast<size_t>(rows));
+      asum.resize(static_cast<size_t>(rows * G));
+      if (mins) asum_f32.resize(static_cast<size_t>(rows * G));
+      if (imins) asum16.resize(static_cast<size_t>(rows * G2));
+    } else if (f32) {
+      f.resize(static_cast<size_t>(rows * Kp));
+    } else {
+      b.resize(static_cast<size_t>(rows * Kp));
+    }
+  }
+  // Fills buffer row `row` (and its zero padding) from fp32 values x[K]; `what` names them in errors.
+  void set_row(int64_t row, const float* x, const char* what) {
+    if (!int_scheme) return set_float_span(row, 0, x, K);
+    int8_t* qr = q.data() + row * Kp;
+    if (!quantize_row_int8(x, K, qr, &s[size_t(row)]))
+      throw ValueError(msg("non-finite ", what, " cannot be quantized to int8 (check the inputs and weights for overflow)"));
+    finish_int_row(row);
+  }
+  // Float schemes: values [k0, k0 + n) of row `row` rounded to bf16 (kept as bits, or as fp32 for
+  // an f32_acts kernel); a span that ends at K also writes the zero padding.
+  void set_float_span(int64_t row, int64_t k0, const float* x, int64_t n) {
+    const int64_t end = k0 + n == K ? Kp : k0 + n;
+    if (f32) {
+      float* fr = f.data() + row * Kp;
+      for (int64_t j = 0; j < n; ++j) fr[k0 + j] = bf16_to_float(float_to_bf16(x[j]));
+      std::fill(fr + k0 + n, fr + end, 0.f);
+    } else {
+      uint16_t* br = b.data() + row * Kp;
+      for (int64_t j = 0; j < n; ++j) br[k0 + j] = float_to_bf16(x[j]);
+      std::fill(br + k0 + n, br + end, uint16_t(0));
+    }
+  }
+  // Int schemes: row `row` from x[K] whose amax = max |x| is known and finite.
+  void set_int_row(int64_t row, const float* x, float amax) {
+    quantize_row_int8_amax(x, K, amax, q.data() + row * Kp, &s[size_t(row)]);
+    finish_int_row(row);
+  }
+  // Int schemes (act-order): rows [row, row + R) are rows src_rows[0..R) of `src` (same weights)
+  // with their channels gathered through one expert's perm[K] (each index loaded once for the R
+  // rows); the per-token scale does not depend on the order, the group sums do.
+  template <int R>
+  void set_perm_rows(int64_t row, const ActBuffer& src, const int32_t* src_rows, const int32_t* perm) {
+    const int8_t* sr[R];
+    int8_t* qr[R];
+    for (int r = 0; r < R; ++r) {
+      sr[r] = src.q.data() + src_rows[r] * src.Kp, qr[r] = q.data() + (row + r) * Kp;
+      s[size_t(row + r)] = src.s[size_t(src_rows[r])];
+    }
+    const int64_t n = K;  // a local: int8 stores may alias the members
+#if defined(__SSE2__)
+    if constexpr (R == 8) {
+      // Channel-major: t[k] holds channel k of the 8 rows, so each perm index moves one 8-byte word.
+      uint64_t* t = perm_scratch(n);
+      int64_t k = 0;
+      for (; k + 8 <= n; k += 8) transpose8x8(sr, k, t + k);
+      for (; k < n; ++k) {
+        uint8_t b[8];
+        for (int r = 0; r < 8; ++r) b[r] = uint8_t(sr[r][k]);
+        std::memcpy(t + k, b, 8);
+      }
+      int64_t j = 0;
+      for (; j + 8 <= n; j += 8) transpose8x8_gathered(t, perm + j, qr, j);
+      for (; j < n; ++j)
+        for (int r = 0; r < 8; ++r) qr[r][j] = int8_t(t[perm[j]] >> (8 * r));
+      for (int r = 0; r < R; ++r) finish_int_row(row + r);
+      return;
+    }
+#endif
+    int64_t j0 = 0;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if constexpr (R == 1) {  // one row (decode): 8 bytes per store; perm is cold, read ahead of use
+      for (; j0 + 8 <= n; j0 += 8) {
+        __builtin_prefetch(perm + j0 + 256);
+        uint64_t v = 0;
+        for (int c = 0; c < 8; ++c) v |= uint64_t(uint8_t(sr[0][perm[j0 + c]])) << (8 * c);
+        std::memcpy(qr[0] + j0, &v, 8);
+      }
+    }
+#endif
+    for (int64_t j = j0; j < n; ++j) {
+      const int32_t k = perm[j];
+      for (int r = 0; r < R; ++r) qr[r][j] = sr[r][k];
+    }
+    for (int r = 0; r < R; ++r) finish_int_row(row + r);
+  }
+  // Int schemes, once the codes [0, K) are set: zero padding and per-group code sums.
+  void finish_int_row(int64_t row) {
+    int8_t* qr = q.data() + row * Kp;
+    for (int64_t k = K; k < Kp; ++k) qr[k] = 0;
+    for (int64_t gi = 0; gi < G; ++gi) {
+      int32_t sum = 0;
+      for (int64_t k = gi * gl; k < std::min(K, (gi + 1) * gl); ++k) sum += qr[k];
+      asum[size_t(row * G + gi)] = sum;
+      if (mins) asum_f32[size_t(row * G + gi)] = float(sum);
+      if (imins) asum16[size_t(row * G2 + gi)] = int16_t(sum);  // |sum| <= 127 gl <= 32767 (derive_int_mins)
+    }
+    if (imins) std::fill(asum16.begin() + row * G2 + G, asum16.begin() + (row + 1) * G2, int16_t(0));  // whole runs
+  }
+  ActRows view(const int32_t* row_idx, int64_t rows) const {
+    ActRows a;
+    a.rows = rows, a.Kp = Kp, a.row_idx = row_idx, a.G = G;
+    if (int_scheme) {
+      a.q = q.data(), a.scale = s.data(), a.asum = asum.data(), a.asum_f32 = mins ? asum_f32.data() : nullptr;
+      if (imins) a.asum16 = asum16.data(), a.G2 = G2;
+    } else if (f32) a.f32 = f.data();
+    else a.bf16 = b.data();
+    return a;
+  }
+};
+
+}  // namespace moe_cpu

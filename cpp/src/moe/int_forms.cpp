@@ -1,0 +1,146 @@
+// int_forms.cpp — factoring group scales and mins as d * integer per run of groups (exact, bit for bit),
+// and the way back to floats.
+#include "moe/int_forms.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "dispatch/registry.h"
+
+namespace moe_cpu {
+
+namespace {
+
+// v[0..n) = float(m[j]) * d bit for bit (signed zeros too), m[j] an integer in [mlo, mhi], d one float:
+// candidates d = a / (+-c) for the nonzero a of least magnitude and c = 1..cmax (K-quant mins and scales
+// are d * a 6-bit integer, IQ4_XS's d * (6-bit - 32)). False if none.
+template <class I>
+bool factor_run(const float* v, int n, int32_t mlo, int32_t mhi, int cmax, float* d, I* m) {
+  float a = 0.f;
+  for (int j = 0; j < n; ++j)
+    if (v[j] != 0.f && (a == 0.f || std::fabs(v[j]) < std::fabs(a))) a = v[j];
+  if (a == 0.f) {  // all zero (a zero d): d = +0, and m = -1 gives -0 (-1 * +0), m = 0 gives +0
+    if (mlo > -1) return false;
+    *d = 0.f;
+    for (int j = 0; j < n; ++j) m[j] = std::signbit(v[j]) ? I(-1) : I(0);
+    return true;
+  }
+  for (int c = 1; c <= cmax; ++c)
+    for (int sign = 1; sign >= -1; sign -= 2) {
+      const float dc = a / float(sign * c);
+      if (dc == 0.f || !std::isfinite(dc)) return false;
+      bool ok = true;
+      for (int j = 0; j < n && ok; ++j) {
+        const double t = std::nearbyint(double(v[j]) / double(dc));
+        if (!(t >= mlo && t <= mhi)) {
+          ok = false;
+          break;
+        }
+        const float back = float(I(t)) * dc;  // what the kernels and unpack compute (an integer 0 is +0)
+        ok = std::memcmp(&back, &v[j], 4) == 0;
+        if (ok) m[j] = I(t);
+      }
+      if (ok) return (*d = dc), true;
+    }
+  return false;
+}
+
+// Factors every run of kIMinRun groups of every column of p: value(e, n, gi) = float(m) * d (factor_run
+// with m in [mlo, mhi], cmax). Calls put(e, n, run, d, m, count) per run; false as soon as one does not factor.
+template <class I, class Value, class Put>
+bool factor_runs(const PackedExperts& p, int32_t mlo, int32_t mhi, int cmax, Value value, Put put) {
+  constexpr int64_t S = kIMinRun;
+  const int64_t G = p.num_groups(), NB = p.num_blocks(), N = p.out_features, runs = (G + S - 1) / S;
+  std::atomic<bool> ok{true};
+  parallel_for(p.num_experts * NB, [&](int64_t eb) {
+    const int64_t e = eb / NB, b16 = eb % NB;
+    float v[S], d;
+    I m[S];
+    for (int64_t n = 16 * b16; n < std::min(N, 16 * b16 + 16) && ok.load(std::memory_order_relaxed); ++n)
+      for (int64_t r = 0; r < runs; ++r) {
+        const int cnt = int(std::min(S, G - r * S));
+        for (int j = 0; j < cnt; ++j) v[j] = value(e, n, r * S + j);
+        if (!factor_run(v, cnt, mlo, mhi, cmax, &d, m)) {
+          ok = false;
+          return;
+        }
+        put(e, n, r, d, m, cnt);
+      }
+  });
+  return ok;
+}
+
+// An empty PackedExperts of p's scheme and shape (for its index arithmetic).
+PackedExperts shape_of(const PackedExperts& p) {
+  PackedExperts t;
+  t.scheme = p.scheme, t.num_experts = p.num_experts, t.out_features = p.out_features, t.in_features = p.in_features;
+  t.group_size = p.group_size;
+  return t;
+}
+
+}  // namespace
+
+void derive_int_mins(PackedExperts& p) {
+  constexpr int64_t S = kIMinRun;
+  const int64_t gl = p.group_len(), NB = p.num_blocks();
+  if (!p.has_mins || !p.kernel || !p.kernel->int_mins || p.imin_groups || gl * 127 > 32767) return;
+  // int16 code sums (|sum| <= 127 gl) and an int32 sum of S products per run
+  const int32_t mmax = int32_t(std::min<int64_t>(32767, (int64_t(1) << 31) / (S * 127 * gl) - 1));
+  PackedExperts t = shape_of(p);  // the indexing of the integer form
+  t.imin_groups = S;
+  AlignedBuffer im(size_t(p.num_experts * NB * t.imin_pairs() * 32) * 2), dm(size_t(p.num_experts * NB * t.imin_runs() * 16) * 4);
+  std::memset(im.data(), 0, im.size());
+  std::memset(dm.data(), 0, dm.size());
+  const bool ok = factor_runs<int16_t>(
+      p, -mmax, mmax, 64, [&](int64_t e, int64_t n, int64_t gi) { return p.min(e, n, gi); },
+      [&](int64_t e, int64_t n, int64_t r, float d, const int16_t* m, int cnt) {
+        dm.as<float>()[t.dmin_index(e, n, r)] = d;
+        for (int j = 0; j < cnt; ++j) im.as<int16_t>()[t.imin_index(e, n, r * S + j)] = m[j];
+      });
+  if (!ok) return;
+  p.imins = std::move(im), p.dmins = std::move(dm), p.imin_groups = S;
+  p.mins = AlignedBuffer();
+}
+
+void derive_int_scales(PackedExperts& p) {
+  constexpr int64_t S = kIMinRun;
+  const int64_t NB = p.num_blocks();
+  if (p.scheme != Scheme::kInt4W4A8 || !p.kernel || !p.kernel->int_scales || p.iscale_groups || p.group_size <= 0 ||
+      p.num_groups() < 2)
+    return;
+  PackedExperts t = shape_of(p);  // the indexing of the integer form
+  t.iscale_groups = S;
+  AlignedBuffer is(size_t(p.num_experts * NB * t.iscale_runs() * S * 16)), ds(size_t(p.num_experts * NB * t.iscale_runs() * 16) * 4);
+  std::memset(is.data(), 0, is.size());
+  std::memset(ds.data(), 0, ds.size());
+  const bool ok = factor_runs<int8_t>(  // int8; 8-bit integer scales need c up to 128
+      p, -128, 127, 128, [&](int64_t e, int64_t n, int64_t gi) { return p.scale(e, n, gi); },
+      [&](int64_t e, int64_t n, int64_t r, float d, const int8_t* m, int cnt) {
+        ds.as<float>()[t.dscale_index(e, n, r)] = d;
+        for (int j = 0; j < cnt; ++j) is.as<int8_t>()[t.iscale_index(e, n, r * S + j)] = m[j];
+      });
+  if (!ok) return;
+  p.iscales = std::move(is), p.dscales = std::move(ds), p.iscale_groups = S;
+  p.scales = AlignedBuffer();
+}
+
+AlignedBuffer float_scales(const PackedExperts& p) {
+  return blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) { return p.scale(e, n, gi); });
+}
+
+void set_kernel(PackedExperts& p, const KernelDesc* kd) {
+  p.kernel = kd;
+  if (p.imin_groups && !kd->int_mins) p.mins = float_mins(p), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer(), p.imin_groups = 0;
+  if (p.iscale_groups && !kd->int_scales)
+    p.scales = float_scales(p), p.iscales = AlignedBuffer(), p.dscales = AlignedBuffer(), p.iscale_groups = 0;
+  derive_int_mins(p);
+  derive_int_scales(p);
+}
+
+AlignedBuffer float_mins(const PackedExperts& p) {
+  if (!p.has_mins) return AlignedBuffer();
+  return blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) { return p.min(e, n, gi); });
+}
+
+}  // namespace moe_cpu

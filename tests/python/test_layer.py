@@ -250,3 +250,15 @@ def test_from_float_errors_name_the_argument(rng):
 def test_from_pretrained_refuses_comm_and_names_the_expert_parallel_entry():
     with pytest.raises(TypeError, match=r"EPMoELayer\.from_pretrained"):
         moe_cpu.MoELayer.from_pretrained("no/such/checkpoint", 0, comm=object())
+
+
+def test_result_rounding_to_bf16_equals_the_reference_bit_for_bit(rng):
+    """The layers' one rounding of fp32 results to bf16 (moe_cpu._dtypes) against the oracle's, on random bit
+    patterns (NaN, inf, subnormals, ties) and the edges."""
+    from moe_cpu._dtypes import to_bf16_bits
+
+    bits = rng.integers(0, 2**32, 1 << 18, dtype=np.uint64).astype(np.uint32)
+    edges = np.array([0x7F7FFFFF, 0x7F7F8000, 0x3F808000, 0x3F818000, 0x00008000, 0x80000000, 0x7F800000,
+                      0xFF800000, 0x7FC00001, 0xFFFFFFFF], np.uint32)
+    x = np.concatenate([bits, edges]).view(np.float32).reshape(-1, 2)
+    np.testing.assert_array_equal(to_bf16_bits(x), ref.float_to_bf16_bits(x))

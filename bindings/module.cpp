@@ -38,4 +38,6 @@ PYBIND11_MODULE(_core, m) {
   m.def("active_features", [] { return moe_cpu::feature_names(moe_cpu::active_features()); });
   m.def("force_isa", &moe_cpu::force_isa, py::arg("isa"));
   m.def("forced_isa", &moe_cpu::forced_isa);
+  m.def("amx_status", &moe_cpu::amx_status);
+  m.def("amx_min_rows", &moe_cpu::amx_min_rows);
 }

@@ -369,18 +369,23 @@ def get_scratch_limit() -> int:
 
 def cpu_features() -> dict:
     """What the CPU has and what dispatch uses: ``{"detected": [...], "active": [...],
-    "isa": forced level, "kernels": {scheme: kernel name chosen now}}``."""
+    "isa": forced level, "kernels": {scheme: kernel name chosen now}, "amx": "granted" or why AMX is
+    not used, "amx_min_rows": rows an expert needs before the AMX kernels use tiles}``."""
     return {
         "detected": list(_core.detected_features()),
         "active": list(_core.active_features()),
         "isa": _core.forced_isa(),
         "kernels": {s: _core.selected_kernel(s) for s in SCHEMES},
+        "amx": _core.amx_status(),
+        "amx_min_rows": _core.amx_min_rows(),
     }
 
 
 def force_isa(isa: str) -> None:
-    """Restrict dispatch to an ISA level ("native", "reference", "avx2", "avx2vnni", "avx512", "avx512_novbmi", "neon", ...),
-    like the ``MOE_CPU_ISA`` environment variable. Applies to weights packed afterwards."""
+    """Restrict dispatch to an ISA level ("native", "reference", "avx2", "avx2vnni", "avx512", "avx512_novbmi",
+    "amx", "amx_model", "neon", ...), like the ``MOE_CPU_ISA`` environment variable. Applies to weights packed
+    afterwards. "avx512" excludes AMX; "amx_model" runs the AMX kernels on a scalar model of the tile
+    registers on any x86 host (a test path, far slower)."""
     if not isinstance(isa, str):
         raise TypeError("isa must be a str")
     _core.force_isa(isa)

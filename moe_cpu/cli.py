@@ -36,6 +36,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"tier:              {tier()}")
     print(f"detected features: {' '.join(f['detected']) or '(none)'}")
     print(f"active features:   {' '.join(f['active']) or '(none)'}")
+    print(f"AMX:               {f['amx']} (tiles for experts with >= {f['amx_min_rows']} rows)")
     print("kernel per scheme (and the instruction its bench %peak is taken against):")
     what = {p["name"]: p["what"] for p in _core.peak_instructions()}
     for scheme, kernel in f["kernels"].items():

@@ -35,16 +35,24 @@ for level in neon neon_dotprod neon_i8mm neon_bf16; do
   MOE_CPU_ISA=$level qemu-aarch64 -cpu max -L /usr/aarch64-linux-gnu build/arm/moe_cpu_tests --gtest_brief=1 | tail -n 3
 done
 # pytest: the whole suite at the native level, then the `isa`-marked tests (those whose result depends on the kernel)
-# once per other ISA level this CPU has (MOE_CPU_ISA forces dispatch; test_dispatch checks the path taken). It runs
+# once per other ISA level this CPU has (MOE_CPU_ISA forces dispatch; test_dispatch checks the path taken), amx_model
+# included. It runs
 # from tests/ so that the source tree (no built _core) does not shadow the install.
 LEVELS=$(cd tests && python3 -c "
 import moe_cpu
 f = set(moe_cpu.cpu_features()['detected'])
-print(' '.join(['native'] + [l for l, need in (('avx512', 'avx512'), ('avx512_novbmi', 'avx512_vbmi'), ('avx2vnni', 'avx_vnni'), ('avx2', 'avx2'), ('neon', 'neon')) if need in f] + ['reference']))")
+print(' '.join(['native'] + [l for l, need in (('amx', 'amx'), ('avx512', 'avx512'), ('avx512_novbmi', 'avx512_vbmi'), ('avx2vnni', 'avx_vnni'), ('avx2', 'avx2'), ('amx_model', 'amx_model'), ('neon', 'neon')) if need in f] + ['reference']))")
+# AMX: the level amx runs where the CPU has it and the OS granted the tile state (moe-cpu info says why not);
+# amx_model (the AMX kernels on the scalar tile model) runs on every x86 host.
+if lscpu 2>/dev/null | grep -qw amx_int8 && ! grep -qw amx <<<"$LEVELS"; then
+  echo "note: lscpu lists amx_int8 but dispatch may not use it: $(cd tests && python3 -c 'import moe_cpu; print(moe_cpu.cpu_features()["amx"])')"
+fi
 for level in $LEVELS; do
   if [ "$level" = native ]; then select=(); else select=(-m isa); fi
-  echo "== pytest, MOE_CPU_ISA=$level ${select[*]}"
-  (cd tests && MOE_CPU_ISA=$level python3 -m pytest -q -p no:cacheprovider "${select[@]}" python)
+  rows=${MOE_CPU_AMX_MIN_ROWS:-}
+  if [ "$level" = amx ]; then rows=1; fi  # every expert on the tiles (native keeps the default crossover)
+  echo "== pytest, MOE_CPU_ISA=$level ${select[*]}${rows:+ MOE_CPU_AMX_MIN_ROWS=$rows}"
+  (cd tests && MOE_CPU_ISA=$level MOE_CPU_AMX_MIN_ROWS=$rows python3 -m pytest -q -p no:cacheprovider "${select[@]}" python)
 done
 # The DLPack import hands producers' memory to the core: run its tests against an ASan + UBSan build of
 # the extension (its own build dir and target; LD_PRELOAD puts the sanitizer runtimes before Python's).

@@ -3,8 +3,9 @@ measured in the same run.
 
 For each shape, scheme and M it prints the time per call, tokens/s, GB/s of weight traffic and
 GOPS, and the ratios to the measured read bandwidth and to the peak of the instruction the scheme's
-kernel is made of (PEAK_INSN: vpdpbusd / vdpbf16ps zmm on AVX-512, {vex} vpdpbusd ymm on AVX-VNNI,
-vpmaddubsw + vpmaddwd + vpaddd and vfmadd231ps ymm on AVX2; none for the reference kernels). Decode (M=1) weights are
+kernel is made of (PEAK_INSN: tdpbssd / tdpbf16ps tiles on AMX, vpdpbusd / vdpbf16ps zmm on AVX-512,
+{vex} vpdpbusd ymm on AVX-VNNI, vpmaddubsw + vpmaddwd + vpaddd and vfmadd231ps ymm on AVX2; none for
+the reference kernels), and %roof: the roofline max(weight bytes / read bandwidth, ops / peak) over the time. Decode (M=1) weights are
 cold: each call routes to experts not used in the previous E/k calls, and every layer is larger
 than 4x the L3. The decode ratio is the median of five interleaved (bandwidth, decode) pairs; for
 M >= 256 the paired peak ratio is likewise the median of five (instruction peak, one call) pairs.
@@ -70,7 +71,7 @@ def run(args):
                   f"(%peak of {peaks.what.get(peak_insn(w13.kernel), 'no SIMD peak')}), "
                   f"{(w13.nbytes + w2.nbytes) / 2**20:.0f} MiB, packed at {(w13.nbytes + w2.nbytes) / pack_s / 1e9:.2f} GB/s "
                   f"(fresh memory), {(w13.nbytes + w2.nbytes) / repack_s / 1e9:.2f} GB/s (memory reused)")
-            print(f"{'M':>5} {'ms/call':>9} {'tok/s':>9} {'GB/s':>7} {'%bw':>5} {'GOPS':>8} {'%peak':>6}")
+            print(f"{'M':>5} {'ms/call':>9} {'tok/s':>9} {'GB/s':>7} {'%bw':>5} {'GOPS':>8} {'%peak':>6} {'%roof':>6}")
             for M in args.ms:
                 x = rng.standard_normal((M, H), dtype=np.float32)
                 tw = np.full((M, k), 1.0 / k, np.float32)
@@ -92,6 +93,9 @@ def run(args):
                 r["pct_bw"] = 100 * r["gbs"] / limits["read_gbs"]
                 r["peak_insn"] = insn
                 r["pct_peak"] = 100 * r["gops"] / (peak * 1e3) if peak else None
+                # roofline: the weight bytes at the read bandwidth, or the ops at the instruction peak, whichever is longer
+                r["roofline_ms"] = 1e3 * max(gb / (limits["read_gbs"] * 1e9), ops / (peak * 1e12) if peak else 0.0)
+                r["pct_roofline"] = 100 * r["roofline_ms"] / r["ms"]
                 if M == 1:  # five interleaved (bandwidth, decode) pairs
                     ratios = []
                     for _ in range(5):
@@ -113,7 +117,7 @@ def run(args):
                 extra = f"  paired peak ratio {100 * r['peak_ratio_median']:.1f}%" if "peak_ratio_median" in r else extra
                 pct = f"{r['pct_peak']:>6.1f}" if r["pct_peak"] is not None else f"{'-':>6}"
                 print(f"{M:>5} {r['ms']:>9.3f} {r['tok_s']:>9.0f} {r['gbs']:>7.1f} {r['pct_bw']:>5.0f} {r['gops']:>8.0f} "
-                      f"{pct}{extra}")
+                      f"{pct} {r['pct_roofline']:>6.1f}{extra}")
             del w13, w2
     return limits, rows
 

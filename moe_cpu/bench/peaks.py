@@ -5,26 +5,32 @@ from .. import _core, api
 
 # The instruction each kernel's inner loop is made of, by (precision word, ISA word) of its name: a
 # scheme's %peak is taken against the register-only peak of that instruction (chain). Kernels with
-# no entry (the Eigen reference, Arm) have no SIMD peak here.
+# no entry (the Eigen reference, Arm, the scalar tile model) have no SIMD peak here. The AMX kernels are
+# taken against the tile peak, though experts below amx_min_rows run on their AVX-512 twins.
 PEAK_INSN = {
     ("w4a8", "avx512vnni"): "vpdpbusd_zmm", ("w8a8", "avx512vnni"): "vpdpbusd_zmm",
     ("fp8w", "avx512vbmi"): "vdpbf16ps_zmm", ("fp8w", "avx512bf16"): "vdpbf16ps_zmm", ("bf16", "avx512bf16"): "vdpbf16ps_zmm",
     ("w4a8", "avx2vnni"): "vpdpbusd_ymm", ("w8a8", "avx2vnni"): "vpdpbusd_ymm",
     ("w4a8", "avx2"): "maddubs_ymm", ("w8a8", "avx2"): "maddubs_ymm", ("fp8w", "avx2"): "fma_ymm", ("bf16", "avx2"): "fma_ymm",
+    ("w4a8", "amx"): "tdpbssd_amx", ("w8a8", "amx"): "tdpbssd_amx", ("fp8w", "amx"): "tdpbf16ps_amx", ("bf16", "amx"): "tdpbf16ps_amx",
 }
+
+
+def kernel_isa(kernel: str) -> str:
+    """The ISA word of a registered kernel: 'w8a8_avx2_4x16' -> 'avx2', 'w4a8_amx_model_32x32' -> 'amx_model'."""
+    return {k["name"]: k["isa"] for k in _core.registered_kernels()}[kernel]
 
 
 def peak_insn(kernel: str):
     """'w8a8_avx2_4x16' -> 'maddubs_ymm'; None for kernels without a measured peak."""
-    parts = kernel.split("_")
-    return PEAK_INSN.get((parts[0], parts[1])) if len(parts) > 1 else None
+    return PEAK_INSN.get((kernel.split("_")[0], kernel_isa(kernel)))
 
 
 def tier() -> str:
     """The ISA tier the kernels chosen now belong to: their ISA words, best first ('avx2', 'reference')."""
     isas = []
     for k in api.cpu_features()["kernels"].values():
-        isa = k.split("_")[1]
+        isa = kernel_isa(k)
         if isa not in isas:
             isas.append(isa)
     return " + ".join(isas)

@@ -57,6 +57,17 @@ inline const KernelDesc* runnable(const KernelDesc* kd) {
   return kd;
 }
 
+// The AVX-512 kernel an int AMX kernel (amx or amx_model) must match bit for bit, where it can run
+// here (else nullptr).
+inline const KernelDesc* amx_twin(const KernelDesc* kd) {
+  const std::string isa = kd->isa;
+  if ((isa != "amx" && isa != "amx_model") || !is_int_scheme(kd->scheme)) return nullptr;
+  for (const KernelDesc* k : all_kernels())
+    if (k->scheme == kd->scheme && std::string(k->isa) == "avx512vnni" && (k->features & active_features()) == k->features)
+      return k;
+  return nullptr;
+}
+
 // Every registered int kernel (int4 and int8), best first.
 inline std::vector<const KernelDesc*> int_kernels() {
   std::vector<const KernelDesc*> out;

@@ -34,9 +34,12 @@ inline std::vector<int8_t> ints(std::mt19937& g, size_t n, int lo, int hi) {
 }
 
 // "" when the active features cover `need`, else the names of those missing ("avx512, avx512_vnni").
+// The scalar tile model needs no hardware: its kernels run at every level here (dispatch takes them
+// only at the level amx_model).
 inline std::string missing_features(uint64_t need) {
   std::string out;
-  for (const auto& n : feature_names(need & ~active_features())) out += (out.empty() ? "" : ", ") + n;
+  const uint64_t have = active_features() | (detected_features() & kFeatAmxModel);
+  for (const auto& n : feature_names(need & ~have)) out += (out.empty() ? "" : ", ") + n;
   return out;
 }
 

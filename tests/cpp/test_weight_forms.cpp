@@ -134,6 +134,12 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
         }
     std::vector<float> got(size_t(R * N), NAN);
     kd->gemm(p, e, 0, p.num_blocks(), acts.view(p, R), got.data(), N);
+    if (const KernelDesc* twin = test::amx_twin(kd)) {  // the per-expert choice between them changes no bit
+      std::vector<float> ref(got.size(), NAN);
+      twin->gemm(p, e, 0, p.num_blocks(), acts.view(p, R), ref.data(), N);
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(float_to_bits(got[i]), float_to_bits(ref[i])) << kd->name << " vs " << twin->name << " at " << i;
+    }
     if (extremes) {  // integer sums at their largest: exact
       for (int64_t i = 0; i < R * N; ++i) ASSERT_EQ(double(got[size_t(i)]), double(float(want[size_t(i)]))) << kd->name << " at " << i;
     } else {

@@ -23,13 +23,14 @@ ALLOWED = {
     "avx2vnni": {"avx2vnni", "avx2", "reference"},
     "avx512": {"avx512vnni", "avx512vbmi", "avx512bf16", "avx2", "avx2vnni", "reference"},
     "avx512_novbmi": {"avx512vnni", "avx512bf16", "avx2", "avx2vnni", "reference"},
+    "amx": {"amx", "avx512vnni", "avx512vbmi", "avx512bf16", "avx2", "avx2vnni", "reference"},
+    "amx_model": {"amx_model"},
 }
 
 
 def _kernel_isa(name: str) -> str:
-    """'w4a8_avx512vnni_4x32' -> 'avx512vnni'; 'w4a8_reference' -> 'reference'."""
-    parts = name.split("_")
-    return parts[1]
+    """'w4a8_avx512vnni_4x32' -> 'avx512vnni'; 'w4a8_reference' -> 'reference'; 'w4a8_amx_model_32x32' -> 'amx_model'."""
+    return re.fullmatch(r"[a-z0-9]+_([a-z0-9_]+?)(_\d+x\d+)?", name).group(1)
 
 
 def _packed(scheme):
@@ -45,7 +46,9 @@ def test_forced_level_is_the_path_taken(scheme):
         assert isa in ALLOWED[LEVEL], f"MOE_CPU_ISA={LEVEL} but {scheme} runs {isa}"
     # The best path the level admits on this CPU is the one taken (never a silent fallback).
     int_scheme = scheme in ("int4_w4a8", "int8_w8a8")
-    if LEVEL in ("native", "avx512", "avx512_novbmi") and "avx512" in DETECTED:
+    if LEVEL in ("native", "amx") and "amx" in DETECTED:
+        assert isa == "amx"   # the tiles for experts with many rows, their AVX-512 twins for the rest
+    elif LEVEL in ("native", "avx512", "avx512_novbmi") and "avx512" in DETECTED:
         want = "avx512vnni" if int_scheme else "avx512bf16"
         if scheme == "fp8_w8a16" and LEVEL != "avx512_novbmi" and "avx512_vbmi" in DETECTED:
             want = "avx512vbmi"
@@ -57,6 +60,21 @@ def test_forced_level_is_the_path_taken(scheme):
         assert isa == ("avx2vnni" if int_scheme else "avx2")
     if LEVEL == "reference":
         assert isa == "reference"
+    if LEVEL == "amx_model":
+        assert isa == "amx_model"   # the AMX code on the scalar tile model, for every scheme
+
+
+def test_amx_levels_and_status():
+    f = moe_cpu.cpu_features()
+    assert f["amx_min_rows"] >= 1
+    assert ("amx" in DETECTED) == (f["amx"] == "granted"), f["amx"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert "amx_model" in DETECTED and ("amx_model" in f["active"]) == (LEVEL == "amx_model")
+    if LEVEL in ("avx512", "avx512_novbmi"):
+        assert "amx" not in f["active"]
+    if "amx" not in DETECTED:
+        with pytest.raises(ValueError, match="AMX: "):
+            moe_cpu.force_isa("amx")
 
 
 def test_force_isa_changes_later_packing_only(tmp_path):

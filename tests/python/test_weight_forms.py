@@ -116,9 +116,10 @@ def test_one_expert_and_k_equal_to_e(rng, E, k):
 
 
 def int_form_kernel(p):
-    """Whether p's kernel takes the integer K-quant forms: the x86 int4 kernels, and int8 on AVX-512 VNNI."""
-    isa = p.kernel.split("_")[1]
-    return isa in (("avx512vnni", "avx2", "avx2vnni") if p.scheme == "int4_w4a8" else ("avx512vnni",))
+    """Whether p's kernel takes the integer K-quant forms: the x86 int4 kernels, and int8 on AVX-512 VNNI and AMX."""
+    isa = {k["name"]: k["isa"] for k in moe_cpu._core.registered_kernels()}[p.kernel]
+    amx = ("amx", "amx_model")
+    return isa in (("avx512vnni", "avx2", "avx2vnni") + amx if p.scheme == "int4_w4a8" else ("avx512vnni",) + amx)
 
 
 @pytest.mark.parametrize("form", ["q4k_dmin", "q5k_dmin", "q4k", "q5k"])

@@ -12,8 +12,9 @@ enum CpuFeature : uint64_t {
   kFeatAvx512 = 1u << 2,      // AVX512F + BW + VL + DQ, OS saves ZMM
   kFeatAvx512Vnni = 1u << 3,
   kFeatAvx512Bf16 = 1u << 4,
-  kFeatAmx = 1u << 5,         // AMX-TILE + INT8 + BF16 (detected, no kernel uses it)
+  kFeatAmx = 1u << 5,         // AMX-TILE + INT8 + BF16, OS saves the tile state and granted it (arch_prctl)
   kFeatAvx512Vbmi = 1u << 6,  // byte permutes (vpermt2b)
+  kFeatAmxModel = 1u << 7,    // the AMX kernels on the scalar tile model: every x86 host, active only at level amx_model
   kFeatNeon = 1u << 8,
   kFeatNeonDotprod = 1u << 9,
   kFeatNeonI8mm = 1u << 10,
@@ -27,10 +28,18 @@ uint64_t active_features();
 // Restricts dispatch to an ISA level: "native" (no mask), "reference" (no SIMD), "avx2" (AVX2 + FMA,
 // no AVX-VNNI), "avx2vnni" (AVX2 + AVX-VNNI), "avx512", "avx512_novbmi" (AVX-512 without VBMI, as
 // on Cooper Lake), "neon", "neon_dotprod", "neon_i8mm", "neon_bf16". Throws ValueError for unknown
-// names or for a level this CPU lacks. Affects kernels chosen at later pack time only.
+// names or for a level this CPU lacks. "amx": AVX-512 and AMX (the avx512 levels exclude AMX);
+// "amx_model": the AMX kernels on the scalar tile model (any x86 host; a test path). Affects kernels chosen at later pack time only.
 void force_isa(const std::string& isa);
 // The current ISA level name ("native" unless forced).
 std::string forced_isa();
+// "granted" when dispatch may use AMX, else why not (no AMX in CPUID, the OS does not save the tile
+// state, or the kernel refused the tile-data permission).
+std::string amx_status();
+// Rows an expert needs before the AMX kernels use the tiles; with fewer, their AVX-512 twins run.
+// MOE_CPU_AMX_MIN_ROWS (a positive integer, read once; ValueError else), or kAmxMinRows.
+constexpr int64_t kAmxMinRows = 32;  // provisional: not yet measured on an AMX host
+int64_t amx_min_rows();
 // Names of the active feature bits, e.g. {"avx2", "avx512", "avx512_vnni"}.
 std::vector<std::string> feature_names(uint64_t bits);
 

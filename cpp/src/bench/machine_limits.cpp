@@ -150,6 +150,23 @@ void maddubs_ymm_loop(int64_t iters) {
 #undef MOE_YMM_ZERO
 #endif
 
+#if defined(__x86_64__)
+// AMX: `iters` x 4 tile dot products into 4 independent C tiles (tmm0-3) from A tmm4-5 and B tmm6-7,
+// all 16 rows x 64 bytes (palette 1), configured and released by each thread.
+#define MOE_AMX_LOOP(INSN)                                                                           \
+  alignas(64) uint8_t cfg[64] = {1};                                                                \
+  for (int t = 0; t < 8; ++t) cfg[16 + 2 * t] = 64, cfg[48 + t] = 16;                               \
+  asm volatile("ldtilecfg %1\n tilezero %%tmm0\n tilezero %%tmm1\n tilezero %%tmm2\n tilezero %%tmm3\n" \
+               "tilezero %%tmm4\n tilezero %%tmm5\n tilezero %%tmm6\n tilezero %%tmm7\n"             \
+               "1:\n" INSN " %%tmm6, %%tmm4, %%tmm0\n" INSN " %%tmm7, %%tmm4, %%tmm1\n"               \
+               INSN " %%tmm6, %%tmm5, %%tmm2\n" INSN " %%tmm7, %%tmm5, %%tmm3\n"                      \
+               "dec %0\n jnz 1b\n tilerelease\n"                                                     \
+               : "+r"(iters) : "m"(cfg) : "cc", "memory")
+void tdpbssd_loop(int64_t iters) { MOE_AMX_LOOP("tdpbssd"); }
+void tdpbf16ps_loop(int64_t iters) { MOE_AMX_LOOP("tdpbf16ps"); }
+#undef MOE_AMX_LOOP
+#endif
+
 // Runs loop(iters) on `threads` threads at once; returns loop iterations per second (all threads).
 double iter_rate(void (*loop)(int64_t), int threads, double seconds) {
   int64_t iters = 1 << 12;
@@ -183,6 +200,8 @@ const std::vector<PeakLoop>& peak_loops() {
       {{"vpdpbusd_ymm", "{vex} vpdpbusd ymm (AVX-VNNI)", kFeatAvx2 | kFeatAvxVnni, 8 * 4 * 2}, vnni_ymm_loop, 12},
       {{"maddubs_ymm", "vpmaddubsw + vpmaddwd + vpaddd ymm (AVX2)", kFeatAvx2, 32 * 2}, maddubs_ymm_loop, 12},
       {{"fma_ymm", "vfmadd231ps ymm (AVX2 + FMA)", kFeatAvx2, 8 * 2}, fma_ymm_loop, 12},
+      {{"tdpbssd_amx", "tdpbssd 16x16x64 (AMX-INT8)", kFeatAmx, 16 * 16 * 64 * 2}, tdpbssd_loop, 4},
+      {{"tdpbf16ps_amx", "tdpbf16ps 16x16x32 (AMX-BF16)", kFeatAmx, 16 * 16 * 32 * 2}, tdpbf16ps_loop, 4},
 #endif
   };
   return loops;

@@ -9,6 +9,11 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
@@ -22,6 +27,17 @@ uint64_t xgetbv0() {
   uint32_t lo, hi;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   return (uint64_t(hi) << 32) | lo;
+}
+
+std::string g_amx_status = "this CPU has no AMX (AMX-TILE, AMX-INT8, AMX-BF16)";
+
+// Linux (5.16+) hands out the 8 KiB tile-data state only on request: ARCH_REQ_XCOMP_PERM (0x1023) for
+// XFEATURE_XTILEDATA (18), once per process.
+bool request_tile_data() {
+  if (syscall(SYS_arch_prctl, 0x1023, 18) == 0) return true;
+  g_amx_status = std::string("the kernel refused the tile-data permission (arch_prctl ARCH_REQ_XCOMP_PERM: ") +
+                 std::strerror(errno) + "; Linux 5.16 or later grants it)";
+  return false;
 }
 
 uint64_t detect() {
@@ -45,8 +61,11 @@ uint64_t detect() {
   if ((f & kFeatAvx512) && (c7 & (1u << 11))) f |= kFeatAvx512Vnni;
   if ((f & kFeatAvx512) && (a71 & (1u << 5))) f |= kFeatAvx512Bf16;
   if ((f & kFeatAvx512) && (c7 & (1u << 1))) f |= kFeatAvx512Vbmi;
-  if (os_amx && (d7 & (1u << 24)) && (d7 & (1u << 25)) && (d7 & (1u << 22))) f |= kFeatAmx;
-  return f;
+  if ((d7 & (1u << 24)) && (d7 & (1u << 25)) && (d7 & (1u << 22))) {
+    if (!os_amx) g_amx_status = "the OS does not save the tile state (XCR0 bits 17-18 clear)";
+    else if (request_tile_data()) f |= kFeatAmx, g_amx_status = "granted";
+  }
+  return f | kFeatAmxModel;
 }
 #elif defined(__aarch64__) && defined(__linux__)
 uint64_t detect() {
@@ -60,16 +79,22 @@ uint64_t detect() {
 #else
 uint64_t detect() { return 0; }
 #endif
+#if !defined(__x86_64__) && !defined(_M_X64)
+const std::string g_amx_status = "AMX is an x86-64 feature";
+#endif
 
 struct Level { const char* name; uint64_t mask; };
-constexpr uint64_t kAll = ~uint64_t(0);
+constexpr uint64_t kAll = ~uint64_t(0) & ~uint64_t(kFeatAmxModel);  // the model only at its own level
+constexpr uint64_t kX86 = kAll & ~uint64_t(kFeatNeon | kFeatNeonDotprod | kFeatNeonI8mm | kFeatNeonBf16);
 constexpr Level kLevels[] = {
     {"native", kAll},
     {"reference", 0},
     {"avx2", kFeatAvx2},
     {"avx2vnni", kFeatAvx2 | kFeatAvxVnni},
-    {"avx512", kAll & ~uint64_t(kFeatNeon | kFeatNeonDotprod | kFeatNeonI8mm | kFeatNeonBf16)},
-    {"avx512_novbmi", kAll & ~uint64_t(kFeatNeon | kFeatNeonDotprod | kFeatNeonI8mm | kFeatNeonBf16 | kFeatAvx512Vbmi)},
+    {"avx512", kX86 & ~uint64_t(kFeatAmx)},
+    {"avx512_novbmi", kX86 & ~uint64_t(kFeatAmx | kFeatAvx512Vbmi)},
+    {"amx", kX86},
+    {"amx_model", kFeatAmxModel},
     {"neon", kFeatNeon},
     {"neon_dotprod", kFeatNeon | kFeatNeonDotprod},
     {"neon_i8mm", kFeatNeon | kFeatNeonDotprod | kFeatNeonI8mm},
@@ -80,6 +105,8 @@ uint64_t level_requirement(const std::string& n) {
   if (n == "avx2") return kFeatAvx2;
   if (n == "avx2vnni") return kFeatAvxVnni;
   if (n == "avx512" || n == "avx512_novbmi") return kFeatAvx512;
+  if (n == "amx") return kFeatAvx512 | kFeatAmx;
+  if (n == "amx_model") return kFeatAmxModel;
   if (n == "neon") return kFeatNeon;
   if (n == "neon_dotprod") return kFeatNeonDotprod;
   if (n == "neon_i8mm") return kFeatNeonI8mm;
@@ -112,9 +139,10 @@ void set_level(const std::string& isa, const char* origin) {
     throw ValueError(msg(origin, " = '", isa, "' is not an ISA level (expected one of: ", names, ")"));
   }
   const uint64_t need = level_requirement(isa);
-  if (need && !(detected_features() & need))
+  if ((detected_features() & need) != need)
     throw ValueError(msg(origin, " = '", isa, "' needs CPU features this machine lacks (detected: ",
-                         join(feature_names(detected_features())), ")"));
+                         join(feature_names(detected_features())), ")",
+                         need & kFeatAmx ? "; AMX: " + amx_status() : std::string()));
   std::lock_guard<std::mutex> lock(g_mu);
   g_mask = l->mask;
   g_level = isa;
@@ -150,10 +178,28 @@ std::string forced_isa() {
   return g_level;
 }
 
+std::string amx_status() {
+  detected_features();
+  return g_amx_status;
+}
+
+int64_t amx_min_rows() {
+  static const int64_t n = [] {
+    const char* env = std::getenv("MOE_CPU_AMX_MIN_ROWS");
+    if (!env || !*env) return kAmxMinRows;
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (*end || v < 1)
+      throw ValueError(msg("MOE_CPU_AMX_MIN_ROWS = '", env, "' is not a positive integer (rows an expert needs before the AMX kernels use tiles)"));
+    return int64_t(v);
+  }();
+  return n;
+}
+
 std::vector<std::string> feature_names(uint64_t bits) {
   static const std::pair<uint64_t, const char*> kNames[] = {
       {kFeatAvx2, "avx2"}, {kFeatAvxVnni, "avx_vnni"}, {kFeatAvx512, "avx512"},
-      {kFeatAvx512Vnni, "avx512_vnni"}, {kFeatAvx512Bf16, "avx512_bf16"}, {kFeatAvx512Vbmi, "avx512_vbmi"}, {kFeatAmx, "amx"},
+      {kFeatAvx512Vnni, "avx512_vnni"}, {kFeatAvx512Bf16, "avx512_bf16"}, {kFeatAvx512Vbmi, "avx512_vbmi"}, {kFeatAmx, "amx"}, {kFeatAmxModel, "amx_model"},
       {kFeatNeon, "neon"}, {kFeatNeonDotprod, "neon_dotprod"}, {kFeatNeonI8mm, "neon_i8mm"},
       {kFeatNeonBf16, "neon_bf16"}};
   std::vector<std::string> out;

@@ -1,0 +1,164 @@
+// amx_tiles.h — the thin tile interface the AMX kernels are written against, with two backends:
+// AmxTiles, the intrinsics (compiled with -mamx-tile -mamx-int8 -mamx-bf16; runs only where
+// dispatch found AMX and the OS granted the tile state), and TileModel, a scalar model of the eight
+// tile registers written from the pseudo-code of Intel's SDM for each instruction, so that the kernels
+// run on every x86 host (the `amx_model` ISA level; a test path, not a speed path).
+// A backend offers: configure(cfg) (palette 1, per thread), release(), and per tile number (template
+// arguments, as the instructions encode them) load / store / zero and the dot products dpbsud
+// (int8: signed A bytes x unsigned B bytes, int32 sums) and dpbf16ps (bf16 pairs, fp32 sums).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)
+#include <immintrin.h>
+#endif
+
+namespace moe_cpu::kernels {
+
+// The 64-byte operand of ldtilecfg (palette 1): bytes per row and rows of each tile.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)
+// The intrinsics take the tile number as a literal (they paste it into the register name): one branch
+// per tile, chosen at compile time.
+#define MOE_TILE_EACH(t, OP) \
+  if constexpr (t == 0) OP(0); else if constexpr (t == 1) OP(1); else if constexpr (t == 2) OP(2); \
+  else if constexpr (t == 3) OP(3); else if constexpr (t == 4) OP(4); else if constexpr (t == 5) OP(5); \
+  else if constexpr (t == 6) OP(6); else OP(7)
+// The dot products the kernels use: C(ra, j) = 2 ra + j from A 4 + ra and B 6 + j.
+#define MOE_TILE_DOT(c, a, b, OP) \
+  static_assert(c == 2 * (a - 4) + (b - 6) && a >= 4 && a <= 5 && b >= 6 && b <= 7, "C(ra, j) = A(4 + ra) x B(6 + j)"); \
+  if constexpr (c == 0) OP(0, 4, 6); else if constexpr (c == 1) OP(1, 4, 7); else if constexpr (c == 2) OP(2, 5, 6); \
+  else OP(3, 5, 7)
+struct AmxTiles {
+  static void configure(const TileConfig& c) { _tile_loadconfig(&c); }
+  static void release() { _tile_release(); }
+  template <int t> static void load(const void* p, int64_t stride) {
+#define MOE_OP(n) _tile_loadd(n, p, stride)
+    MOE_TILE_EACH(t, MOE_OP);
+#undef MOE_OP
+  }
+  template <int t> static void store(void* p, int64_t stride) {
+#define MOE_OP(n) _tile_stored(n, p, stride)
+    MOE_TILE_EACH(t, MOE_OP);
+#undef MOE_OP
+  }
+  template <int t> static void zero() {
+#define MOE_OP(n) _tile_zero(n)
+    MOE_TILE_EACH(t, MOE_OP);
+#undef MOE_OP
+  }
+  template <int c, int a, int b> static void dpbsud() {
+#define MOE_OP(x, y, z) _tile_dpbsud(x, y, z)
+    MOE_TILE_DOT(c, a, b, MOE_OP);
+#undef MOE_OP
+  }
+  template <int c, int a, int b> static void dpbf16ps() {
+#define MOE_OP(x, y, z) _tile_dpbf16ps(x, y, z)
+    MOE_TILE_DOT(c, a, b, MOE_OP);
+#undef MOE_OP
+  }
+};
+#undef MOE_TILE_EACH
+#undef MOE_TILE_DOT
+#endif
+
+// Tile registers of the calling thread, as the SDM describes them: 16 rows of 64 bytes each, of which
+// a configured tile uses rows[t] rows of colsb[t] bytes; every write zeroes the rest of the tile.
+struct TileModel {
+  struct State {
+    TileConfig cfg;
+    bool valid = false;
+    alignas(64) uint8_t reg[8][16][64];
+  };
+  static State& s() {
+    thread_local State st;
+    return st;
+  }
+  static void configure(const TileConfig& c) {
+    State& st = s();
+    st.cfg = c;
+    st.valid = true;
+    std::memset(st.reg, 0, sizeof st.reg);  // ldtilecfg zeroes the tiles
+  }
+  static void release() { s().valid = false; }
+  static int rows(int t) { return s().cfg.rows[t]; }
+  static int colsb(int t) { return s().cfg.colsb[t]; }
+  // write_row_and_zero / zero_upper_rows: row m of tile t from `row` (colsb bytes), the rest zeroed.
+  static void write_row(int t, int m, const void* row) {
+    std::memset(s().reg[t][m], 0, 64);
+    std::memcpy(s().reg[t][m], row, size_t(colsb(t)));
+  }
+  static void zero_upper_rows(int t) {
+    for (int m = rows(t); m < 16; ++m) std::memset(s().reg[t][m], 0, 64);
+  }
+  template <int t> static void load(const void* p, int64_t stride) {
+    for (int m = 0; m < rows(t); ++m) write_row(t, m, static_cast<const uint8_t*>(p) + m * stride);
+    zero_upper_rows(t);
+  }
+  template <int t> static void store(void* p, int64_t stride) {
+    for (int m = 0; m < rows(t); ++m) std::memcpy(static_cast<uint8_t*>(p) + m * stride, s().reg[t][m], size_t(colsb(t)));
+  }
+  template <int t> static void zero() { std::memset(s().reg[t], 0, sizeof s().reg[t]); }
+
+  // TDPBSUD: dst.row[m].dword[n] += sum over the 4 bytes i of SIGN_EXTEND(a.row[m].dword[k].byte[i]) *
+  // ZERO_EXTEND(b.row[k].dword[n].byte[i]), for k < a.colsb / 4 (int32, wrapping).
+  template <int c, int a, int b> static void dpbsud() {
+    State& st = s();
+    for (int m = 0; m < rows(c); ++m) {
+      uint32_t tmp[16];
+      std::memcpy(tmp, st.reg[c][m], 64);
+      for (int k = 0; k < colsb(a) / 4; ++k)
+        for (int n = 0; n < colsb(c) / 4; ++n) {
+          int32_t dot = 0;
+          for (int i = 0; i < 4; ++i) dot += int32_t(int8_t(st.reg[a][m][4 * k + i])) * int32_t(st.reg[b][k][4 * n + i]);
+          tmp[n] += uint32_t(dot);
+        }
+      write_row(c, m, tmp);
+    }
+    zero_upper_rows(c);
+  }
+
+  // make_fp32 of a bf16 input with DAZ (denormal inputs read as zero); outputs flushed likewise.
+  static float bf16_daz(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    uint32_t u = uint32_t(h) << 16;
+    if ((u & 0x7f800000u) == 0) u &= 0x80000000u;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  static float ftz(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0) u &= 0x80000000u;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  // TDPBF16PS: dst.row[m].fp32[n] += a.bf16[2k] * b.row[k].bf16[2n], then += a.bf16[2k+1] * b.bf16[2n+1],
+  // for k < a.colsb / 4, each operation rounded to nearest even with DAZ and FTZ.
+  template <int c, int a, int b> static void dpbf16ps() {
+    State& st = s();
+    for (int m = 0; m < rows(c); ++m) {
+      float tmp[16];
+      std::memcpy(tmp, st.reg[c][m], 64);
+      for (int k = 0; k < colsb(a) / 4; ++k)
+        for (int n = 0; n < colsb(c) / 4; ++n)
+          for (int i = 0; i < 2; ++i) {
+            const float p = ftz(bf16_daz(&st.reg[a][m][4 * k + 2 * i]) * bf16_daz(&st.reg[b][k][4 * n + 2 * i]));
+            tmp[n] = ftz(tmp[n] + p);
+          }
+      write_row(c, m, tmp);
+    }
+    zero_upper_rows(c);
+  }
+};
+
+}  // namespace moe_cpu::kernels

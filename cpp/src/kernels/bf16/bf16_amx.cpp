@@ -1,0 +1,21 @@
+// bf16_amx.cpp — BF16 weights x BF16 activations, AMX-BF16 (tdpbf16ps), for experts with at least
+// amx_min_rows() rows; fewer go to bf16_avx512bf16 (fp32 sums in another order: float_amx.h).
+// Tile: 32 rows x 32 columns (4 C tiles), K step 32.
+// Packed weights: common/layout.h bf16 panels, read in place as B tiles.
+// Needs: AMX-TILE, AMX-BF16 with the tile state granted by the OS; AVX512_BF16 for the twin. Limits: any M, N, K.
+#include "kernels/float_amx.h"
+#include "moe_cpu/cpu_features.h"
+
+namespace moe_cpu {
+extern const KernelDesc kernel_bf16_avx512bf16;
+namespace {
+void gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  if (a.rows < amx_min_rows()) return kernel_bf16_avx512bf16.gemm(w, e, b0, b1, a, c, ldc);
+  kernels::float_amx_gemm<kernels::AmxTiles, false>(w, e, b0, b1, a, c, ldc);
+}
+}  // namespace
+
+extern const KernelDesc kernel_bf16_amx{
+    "bf16_amx_32x32", Scheme::kBf16, "amx", 32, 32, kFeatAvx512 | kFeatAvx512Bf16 | kFeatAmx, nullptr, gemm};
+
+}  // namespace moe_cpu

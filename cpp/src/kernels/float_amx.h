@@ -1,0 +1,111 @@
+// float_amx.h — the shared kernel of bf16_amx and fp8w_amx (and their _amx_model test twins):
+// tdpbf16ps on a tile backend T (amx_tiles.h).
+// Tiles (amx_scratch.h): 32 rows x 32 columns of fp32 sums in C 0-3; A 4-5: 16 rows x 32 bf16
+// activations gathered row-major; B 6-7: 16 rows of 16 columns x 2 bf16, which is a bf16 panel's
+// rows as stored (read in place); fp8 e4m3 codes are decoded to bf16 (exact) into a scratch once
+// per column pair and call. fp8: each K-block's fp32 sum times the column's block scale, fused into
+// the running sum. The tile sums pairs in the hardware's order, so the bits may differ from the
+// avx512bf16 kernels' within the fp32 tolerance (the int kernels do match theirs bitwise).
+// Needs the backend's features only. Limits: fp8 block_k a multiple of 32 (or one K-block).
+#pragma once
+#include <cmath>
+
+#include "common/layout.h"
+#include "common/numeric.h"
+#include "kernels/amx_scratch.h"
+
+namespace moe_cpu::kernels {
+
+// bf16 bits of every e4m3fn code (NaN codes are rejected at pack time).
+struct E4m3Bf16Table {
+  uint16_t v[256];
+  E4m3Bf16Table() {
+    for (int i = 0; i < 256; ++i) v[i] = e4m3fn_is_nan(uint8_t(i)) ? 0 : float_to_bf16(e4m3fn_to_float(uint8_t(i)));
+  }
+};
+
+// fp8 panel rows (16 columns x 2 codes per 32 bytes) of blocks [b, b + nj) decoded to bf16 panel rows
+// (64 bytes); rows up to Kt / 2 zero-filled.
+inline void decode_fp8(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, int64_t Kt, uint16_t* dst) {
+  static const E4m3Bf16Table table;
+  const int64_t n = w.padded_k() / 2 * 32;  // codes per panel
+  for (int64_t j = 0; j < nj; ++j) {
+    const uint8_t* src = w.panel(e, b + j);
+    uint16_t* d = dst + j * Kt * 16;
+    for (int64_t i = 0; i < n; ++i) d[i] = table.v[src[i]];
+    std::fill(d + n, d + Kt * 16, uint16_t(0));
+  }
+}
+
+template <class T, bool kFp8>
+void float_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  const int64_t R = a.rows, G = kFp8 ? w.num_groups() : 1, gl = w.group_len(), Kp = a.Kp;
+  if (R == 0 || b0 >= b1) return;
+  constexpr int64_t kk = 32, brow = 16 * 64;  // k per tile step; bytes of one B tile
+  const int64_t Kt = layout::round_up(Kp, kk), Rp = layout::round_up(R, 16), steps = Kt / kk;
+  ScratchArena& ar = ScratchArena::get();
+  ar.reset(ScratchArena::piece(Rp * Kt, 2) + 2 * ScratchArena::piece(Kt * 16, 2) + 2 * ScratchArena::piece(brow, 1) +
+           2 * ScratchArena::piece(32 * 32, 4));
+  uint16_t* A = ar.take<uint16_t>(Rp * Kt);
+  uint16_t* Bw = kFp8 ? ar.take<uint16_t>(2 * Kt * 16) : nullptr;  // decoded fp8, [2][Kt / 2][32]
+  uint8_t* tail = ar.take<uint8_t>(2 * brow);                      // bf16: the last partial k-step of each panel
+  float* cf = ar.take<float>(32 * 32);
+  float* acc = ar.take<float>(32 * 32);
+  gather_rows(a.bf16, a.row_idx, R, Kp, Kt, 2, A);
+  const int64_t full = (Kp / 2) / 16;  // bf16: k-steps whose B rows lie inside the panel
+  T::configure(tile_config(64));
+  for (int64_t b = b0; b < b1; b += 2) {
+    const int64_t nj = std::min<int64_t>(2, b1 - b);
+    if constexpr (kFp8) decode_fp8(w, e, b, nj, Kt, Bw);
+    else
+      for (int64_t j = 0; j < nj && full < steps; ++j) {
+        std::memset(tail + j * brow, 0, size_t(brow));
+        std::memcpy(tail + j * brow, w.panel(e, b + j) + full * brow, size_t((Kp / 2 - full * 16) * 64));
+      }
+    const auto bsrc = [&](int64_t j, int64_t s) -> const void* {
+      if constexpr (kFp8) return Bw + j * Kt * 16 + s * (brow / 2);
+      else return s < full ? w.panel(e, b + j) + s * brow : tail + j * brow;
+    };
+    const ScaleIndex sx(w, e, b, G);
+    for (int64_t r0 = 0; r0 < R; r0 += 32) {
+      const bool two = r0 + 16 < R;
+      const int64_t rr = std::min<int64_t>(32, R - r0);
+      const uint16_t* a0 = A + r0 * Kt;
+      std::fill(acc, acc + 32 * 32, 0.f);
+      for (int64_t gi = 0; gi < G; ++gi) {
+        const int64_t s0 = gi * gl / kk, s1 = gi == G - 1 ? steps : (gi + 1) * gl / kk;
+        T::template zero<0>(), T::template zero<1>(), T::template zero<2>(), T::template zero<3>();
+        for (int64_t s = s0; s < s1; ++s) {
+          T::template load<kTileA>(a0 + s * kk, Kt * 2);
+          T::template load<kTileB>(bsrc(0, s), 64);
+          T::template dpbf16ps<0, kTileA, kTileB>();
+          if (nj == 2) T::template load<kTileB + 1>(bsrc(1, s), 64), T::template dpbf16ps<1, kTileA, kTileB + 1>();
+          if (two) {
+            T::template load<kTileA + 1>(a0 + 16 * Kt + s * kk, Kt * 2);
+            T::template dpbf16ps<2, kTileA + 1, kTileB>();
+            if (nj == 2) T::template dpbf16ps<3, kTileA + 1, kTileB + 1>();
+          }
+        }
+        T::template store<0>(cf, 128), T::template store<1>(cf + 16, 128);
+        if (two) T::template store<2>(cf + 16 * 32, 128), T::template store<3>(cf + 16 * 32 + 16, 128);
+        if constexpr (kFp8) {
+          for (int64_t j = 0; j < nj; ++j) {
+            const float* sc = w.scales.as<float>() + sx(j, gi);
+            for (int64_t r = 0; r < rr; ++r)
+              for (int n = 0; n < 16; ++n) acc[r * 32 + 16 * j + n] = std::fma(cf[r * 32 + 16 * j + n], sc[n], acc[r * 32 + 16 * j + n]);
+          }
+        } else {
+          std::copy(cf, cf + 32 * 32, acc);
+        }
+      }
+      for (int64_t r = 0; r < rr; ++r)
+        for (int64_t j = 0; j < nj; ++j) {
+          const int vc = valid_cols(w, b + j);
+          std::copy(acc + r * 32 + 16 * j, acc + r * 32 + 16 * j + vc, c + (r0 + r) * ldc + 16 * (b - b0 + j));
+        }
+    }
+  }
+  T::release();
+}
+
+}  // namespace moe_cpu::kernels

@@ -1,0 +1,25 @@
+// fp8w_amx.cpp — FP8 e4m3fn weights (block scales) x BF16 activations, AMX-BF16 (tdpbf16ps) after an
+// exact e4m3 -> bf16 decode into a scratch per column pair and call, for experts with at least
+// amx_min_rows() rows; fewer go to fp8w_avx512vbmi (fp32 sums in another order: float_amx.h).
+// Tile: 32 rows x 32 columns (4 C tiles), K step 32; each K-block's sum times its block scale.
+// Packed weights: common/layout.h fp8 panels.
+// Needs: AMX-TILE, AMX-BF16 with the tile state granted by the OS; AVX512_BF16 + VBMI for the twin.
+// Limits: block_k a multiple of 32 (or one K-block).
+#include "kernels/float_amx.h"
+#include "kernels/limits.h"
+#include "moe_cpu/cpu_features.h"
+
+namespace moe_cpu {
+extern const KernelDesc kernel_fp8w_avx512vbmi;
+namespace {
+void gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  if (a.rows < amx_min_rows()) return kernel_fp8w_avx512vbmi.gemm(w, e, b0, b1, a, c, ldc);
+  kernels::float_amx_gemm<kernels::AmxTiles, true>(w, e, b0, b1, a, c, ldc);
+}
+}  // namespace
+
+extern const KernelDesc kernel_fp8w_amx{
+    "fp8w_amx_32x32", Scheme::kFp8W8A16, "amx", 32, 32, kFeatAvx512 | kFeatAvx512Bf16 | kFeatAvx512Vbmi | kFeatAmx,
+    kernels::groups_aligned<32>, gemm};
+
+}  // namespace moe_cpu

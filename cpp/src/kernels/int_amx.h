@@ -1,0 +1,168 @@
+// int_amx.h — the shared kernel of w8a8_amx and w4a8_amx (and their _amx_model test twins): tdpbsud
+// (signed activation bytes x unsigned weight bytes) on a tile backend T (amx_tiles.h).
+// Tiles (amx_scratch.h): 32 rows x 32 columns of int32 sums in C 0-3; A 4-5: 16 rows x ka activation
+// codes gathered row-major; B 6-7: ka/4 rows of 16 columns x 4 bytes, which is a VNNI panel row as
+// stored (int8: u = w + 128, read in place); int4 codes are widened to one byte each (through
+// code_table) into a scratch once per column pair and call. ka = 64 k per tile step (32 for groups of 32).
+// Per scale group the C tiles are stored and a plain C++ epilogue applies the float operations of
+// int_avx512vnni.h in its order: (sum - zero * code sum) converted, times the scale, fused into the
+// running sum; minus min * code sum (fused); integer mins per run; times the row scale. So the
+// result is bitwise that of w*a8_avx512vnni, and choosing between the two per expert changes no bit.
+// Needs the backend's features only. Limits: groups a multiple of 32 (or per channel); int8 group <= 65536.
+#pragma once
+#include <cmath>
+
+#include "common/layout.h"
+#include "kernels/amx_scratch.h"
+
+namespace moe_cpu::kernels {
+
+// The per (column, group) terms of column pair [b, b + nj), 32 columns per group.
+struct IntPairTerms {
+  float *sc, *mn;      // scales, float mins (or nullptr)
+  int32_t* zp;         // stored zero points (or nullptr)
+  void fill(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, int64_t G) {
+    const ScaleIndex sx(w, e, b, G);
+    const IntFormBlock f(w, e, b, G);
+    for (int64_t j = 0; j < nj; ++j)
+      for (int64_t gi = 0; gi < G; ++gi)
+        for (int n = 0; n < 16; ++n) {
+          const int64_t i = gi * 32 + 16 * j + n, si = sx(j, gi) + n;
+          sc[i] = f.isc ? float(f.isc_at(j, gi)[n]) * f.dsc_at(j, gi)[n] : w.scales.as<float>()[si];
+          if (mn) mn[i] = w.mins.as<float>()[si];
+          if (zp) zp[i] = w.zeros.data()[si];
+        }
+  }
+};
+
+// corr[n] = integer mins term of one row: per run, the int32 sum of imin * code sum over its groups,
+// times dmin, fused into the sum over runs (int_mins_term in int_avx512vnni.h, one row).
+inline void int_mins_row(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, const ActRows& a, int64_t row,
+                         float* corr) {
+  const IntFormBlock f(w, e, b, a.G);
+  const int16_t* as = a.asum16 + row * a.G2;
+  for (int64_t j = 0; j < nj; ++j)
+    for (int n = 0; n < 16; ++n) {
+      float sum = 0.f;
+      for (int64_t s = 0; s < f.runs; ++s) {
+        uint32_t acc = 0;
+        for (int64_t q = 0; q < kIMinRun / 2; ++q) {
+          const int16_t* m = f.imn_pair(j, s * (kIMinRun / 2) + q) + 2 * n;
+          const int64_t p = 2 * (s * (kIMinRun / 2) + q);
+          acc += uint32_t(int32_t(m[0]) * as[p] + int32_t(m[1]) * as[p + 1]);
+        }
+        sum = std::fma(float(int32_t(acc)), f.dmn_run(j, s)[n], sum);
+      }
+      corr[16 * j + n] = sum;
+    }
+}
+
+// int4 panel rows (8 k per 64-byte row) of blocks [b, b + nj) widened to the int8 tile layout (4 k per
+// row; the low nibbles give row 2t, the high ones row 2t + 1), mapped through code_table; rows up to
+// Kt / 4 zero-filled.
+inline void widen_int4(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, int64_t Kt, uint8_t* dst) {
+  const int64_t rows = w.padded_k() / 8;
+  for (int64_t j = 0; j < nj; ++j) {
+    const uint8_t* src = w.panel(e, b + j);
+    uint8_t* d = dst + j * Kt * 16;
+    for (int64_t t = 0; t < rows; ++t) {
+      uint8_t* lo = d + 2 * t * 64;
+      for (int i = 0; i < 64; ++i) lo[i] = src[t * 64 + i] & 15, lo[64 + i] = src[t * 64 + i] >> 4;
+      if (w.code_shuffle)
+        for (int i = 0; i < 128; ++i) lo[i] = w.code_table[lo[i]];
+    }
+    std::memset(d + rows * 128, 0, size_t(Kt * 16 - rows * 128));
+  }
+}
+
+template <class T, bool kInt4>
+void int_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  const int64_t R = a.rows, G = a.G, gl = w.group_len(), Kp = a.Kp;
+  if (R == 0 || b0 >= b1) return;
+  const int ka = G == 1 || gl % 64 == 0 ? 64 : 32;
+  const int64_t Kt = layout::round_up(Kp, ka), Rp = layout::round_up(R, 16), steps = Kt / ka;
+  const int64_t brow = ka / 4 * 64;  // bytes of one B tile (ka / 4 rows of 64)
+  const bool mins = w.has_mins && !w.imin_groups, imins = w.has_mins && w.imin_groups, zeros = w.has_zeros;
+  const int zc = kInt4 ? w.code_zero : layout::implicit_zero(w.scheme);
+  ScratchArena& ar = ScratchArena::get();
+  ar.reset(ScratchArena::piece(Rp * Kt, 1) + 2 * ScratchArena::piece(Kt * 16, 1) + 2 * ScratchArena::piece(brow, 1) +
+           ScratchArena::piece(32 * 32, 4) * 3 + 3 * ScratchArena::piece(G * 32, 4));
+  int8_t* A = ar.take<int8_t>(Rp * Kt);
+  uint8_t* Bw = kInt4 ? ar.take<uint8_t>(2 * Kt * 16) : nullptr;  // widened int4 codes, [2][Kt / 4][64]
+  uint8_t* tail = ar.take<uint8_t>(2 * brow);                     // int8: the last partial k-step of each panel
+  int32_t* ci = ar.take<int32_t>(32 * 32);
+  float* acc = ar.take<float>(32 * 32);
+  float* corr = ar.take<float>(32 * 32);
+  IntPairTerms pt{ar.take<float>(G * 32), mins ? ar.take<float>(G * 32) : nullptr, zeros ? ar.take<int32_t>(G * 32) : nullptr};
+  gather_rows(a.q, a.row_idx, R, Kp, Kt, 1, A);
+  const int64_t full = (Kp / 4) / (ka / 4);  // int8: k-steps whose B rows lie inside the panel
+  T::configure(tile_config(ka));
+  for (int64_t b = b0; b < b1; b += 2) {
+    const int64_t nj = std::min<int64_t>(2, b1 - b);
+    if constexpr (kInt4) widen_int4(w, e, b, nj, Kt, Bw);
+    else
+      for (int64_t j = 0; j < nj && full < steps; ++j) {  // zero-padded copy of the partial last k-step
+        std::memset(tail + j * brow, 0, size_t(brow));
+        std::memcpy(tail + j * brow, w.panel(e, b + j) + full * brow, size_t((Kp / 4 - full * (ka / 4)) * 64));
+      }
+    const auto bsrc = [&](int64_t j, int64_t s) -> const uint8_t* {
+      if constexpr (kInt4) return Bw + j * Kt * 16 + s * brow;
+      else return s < full ? w.panel(e, b + j) + s * brow : tail + j * brow;
+    };
+    pt.fill(w, e, b, nj, G);
+    for (int64_t r0 = 0; r0 < R; r0 += 32) {
+      const bool two = r0 + 16 < R;
+      const int64_t rr = std::min<int64_t>(32, R - r0);
+      const int8_t* a0 = A + r0 * Kt;
+      std::fill(acc, acc + 32 * 32, 0.f);
+      for (int64_t gi = 0; gi < G; ++gi) {
+        const int64_t s0 = gi * gl / ka, s1 = gi == G - 1 ? steps : (gi + 1) * gl / ka;
+        T::template zero<0>(), T::template zero<1>(), T::template zero<2>(), T::template zero<3>();
+        for (int64_t s = s0; s < s1; ++s) {
+          T::template load<kTileA>(a0 + s * ka, Kt);
+          T::template load<kTileB>(bsrc(0, s), 64);
+          T::template dpbsud<0, kTileA, kTileB>();
+          if (nj == 2) T::template load<kTileB + 1>(bsrc(1, s), 64), T::template dpbsud<1, kTileA, kTileB + 1>();
+          if (two) {
+            T::template load<kTileA + 1>(a0 + 16 * Kt + s * ka, Kt);
+            T::template dpbsud<2, kTileA + 1, kTileB>();
+            if (nj == 2) T::template dpbsud<3, kTileA + 1, kTileB + 1>();
+          }
+        }
+        T::template store<0>(ci, 128), T::template store<1>(ci + 16, 128);
+        if (two) T::template store<2>(ci + 16 * 32, 128), T::template store<3>(ci + 16 * 32 + 16, 128);
+        const float* sc = pt.sc + gi * 32;
+        for (int64_t r = 0; r < rr; ++r) {
+          const int32_t as = a.asum[a.row_idx[r0 + r] * G + gi];
+          const int32_t* cr = ci + r * 32;
+          float* ac = acc + r * 32;
+          if (zeros)
+            for (int n = 0; n < 32; ++n) ac[n] = std::fma(float(int32_t(uint32_t(cr[n]) - uint32_t(pt.zp[gi * 32 + n] * as))), sc[n], ac[n]);
+          else
+            for (int n = 0; n < 32; ++n) ac[n] = std::fma(float(int32_t(uint32_t(cr[n]) - uint32_t(zc * as))), sc[n], ac[n]);
+          if (mins) {
+            const float asf = a.asum_f32[a.row_idx[r0 + r] * G + gi];
+            for (int n = 0; n < 32; ++n) ac[n] = std::fma(-pt.mn[gi * 32 + n], asf, ac[n]);
+          }
+        }
+      }
+      for (int64_t r = 0; r < rr; ++r) {
+        const int64_t row = a.row_idx[r0 + r];
+        if (imins) int_mins_row(w, e, b, nj, a, row, corr + r * 32);
+        const float rs = a.scale[row];
+        for (int64_t j = 0; j < nj; ++j) {
+          const int vc = valid_cols(w, b + j);
+          float* out = c + (r0 + r) * ldc + 16 * (b - b0 + j);
+          const float* ac = acc + r * 32 + 16 * j;
+          if (imins)
+            for (int n = 0; n < vc; ++n) out[n] = (ac[n] - corr[r * 32 + 16 * j + n]) * rs;
+          else
+            for (int n = 0; n < vc; ++n) out[n] = ac[n] * rs;
+        }
+      }
+    }
+  }
+  T::release();
+}
+
+}  // namespace moe_cpu::kernels

@@ -1,0 +1,27 @@
+// w4a8_amx.cpp — INT4 weights x per-row INT8 activations, AMX-INT8 (tdpbsud), for experts with at least
+// amx_min_rows() rows; fewer go to w4a8_avx512vnni, whose result is bitwise the same (int_amx.h).
+// Every int4 form: groups or per channel, zero points, codebooks, float or integer mins, integer
+// scales, act-order (the gathered activations).
+// Tile: 32 rows x 32 columns (4 C tiles), K step 64 (32 with groups of 32).
+// Packed weights: common/layout.h int4 panels, widened to one byte per code (through code_table) in a
+// scratch per column pair and call.
+// Needs: AMX-TILE, AMX-INT8 with the tile state granted by the OS; AVX512 VNNI for the twin.
+// Limits: groups a multiple of 32 (or per channel).
+#include "kernels/int_amx.h"
+#include "kernels/limits.h"
+#include "moe_cpu/cpu_features.h"
+
+namespace moe_cpu {
+extern const KernelDesc kernel_w4a8_avx512vnni;
+namespace {
+void gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  if (a.rows < amx_min_rows()) return kernel_w4a8_avx512vnni.gemm(w, e, b0, b1, a, c, ldc);
+  kernels::int_amx_gemm<kernels::AmxTiles, true>(w, e, b0, b1, a, c, ldc);
+}
+}  // namespace
+
+extern const KernelDesc kernel_w4a8_amx{
+    "w4a8_amx_32x32", Scheme::kInt4W4A8, "amx", 32, 32, kFeatAvx512 | kFeatAvx512Vnni | kFeatAmx,
+    kernels::groups_aligned<32>, gemm, /*f32_acts=*/false, /*int_mins=*/true, /*int_scales=*/true};
+
+}  // namespace moe_cpu

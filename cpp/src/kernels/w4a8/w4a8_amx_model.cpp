@@ -1,0 +1,15 @@
+// w4a8_amx_model.cpp — w4a8_amx's kernel (int_amx.h) on the scalar tile model (amx_tiles.h), for every
+// row count: the ISA level `amx_model` runs the AMX code on any x86 host. A test path, not a speed path.
+// Needs: nothing (portable code). Limits: as w4a8_amx.
+#include "kernels/int_amx.h"
+#include "kernels/limits.h"
+#include "moe_cpu/cpu_features.h"
+
+namespace moe_cpu {
+
+extern const KernelDesc kernel_w4a8_amx_model{
+    "w4a8_amx_model_32x32", Scheme::kInt4W4A8, "amx_model", 32, 32, kFeatAmxModel,
+    kernels::groups_aligned<32>, kernels::int_amx_gemm<kernels::TileModel, true>, /*f32_acts=*/false,
+    /*int_mins=*/true, /*int_scales=*/true};
+
+}  // namespace moe_cpu

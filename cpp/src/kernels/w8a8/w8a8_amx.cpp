@@ -1,0 +1,24 @@
+// w8a8_amx.cpp — INT8 weights x per-row INT8 activations, AMX-INT8 (tdpbsud), for experts with at least
+// amx_min_rows() rows; fewer go to w8a8_avx512vnni, whose result is bitwise the same (int_amx.h).
+// Tile: 32 rows x 32 columns (4 C tiles), K step 64 (32 with groups of 32).
+// Packed weights: common/layout.h int8 panels (u = w + 128), read in place as B tiles.
+// Needs: AMX-TILE, AMX-INT8 with the tile state granted by the OS; AVX512 VNNI for the twin.
+// Limits: groups a multiple of 32 (or per channel) and at most 65536 long.
+#include "kernels/int_amx.h"
+#include "kernels/limits.h"
+#include "moe_cpu/cpu_features.h"
+
+namespace moe_cpu {
+extern const KernelDesc kernel_w8a8_avx512vnni;
+namespace {
+void gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  if (a.rows < amx_min_rows()) return kernel_w8a8_avx512vnni.gemm(w, e, b0, b1, a, c, ldc);
+  kernels::int_amx_gemm<kernels::AmxTiles, false>(w, e, b0, b1, a, c, ldc);
+}
+}  // namespace
+
+extern const KernelDesc kernel_w8a8_amx{
+    "w8a8_amx_32x32", Scheme::kInt8W8A8, "amx", 32, 32, kFeatAvx512 | kFeatAvx512Vnni | kFeatAmx,
+    kernels::int8_groups_fit<32>, gemm, /*f32_acts=*/false, /*int_mins=*/true};
+
+}  // namespace moe_cpu

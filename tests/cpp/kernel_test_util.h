@@ -5,6 +5,7 @@
 
 #include "common/numeric.h"
 #include "dispatch/registry.h"
+#include "moe/int_forms.h"
 #include "moe_cpu/cpu_features.h"
 
 namespace moe_cpu::test {
@@ -34,7 +35,7 @@ struct Acts {
       a.asum_f32 = asum_f32.data();
     }
     if (!q.empty() && p.imin_groups) {
-      const int64_t G = p.num_groups(), G2 = 2 * p.imin_pairs();
+      const int64_t G = p.num_groups(), G2 = 2 * imin_pairs(p);
       asum16.assign(size_t(R * G2), 0);
       for (int64_t r = 0; r < R; ++r)
         for (int64_t gi = 0; gi < G; ++gi) asum16[size_t(r * G2 + gi)] = int16_t(asum[size_t(r * G + gi)]);

@@ -70,16 +70,15 @@ struct PackedExperts {
   // exactly): m = dmin * imin, imin int16, one dmin per column and run of imin_groups groups (as
   // K-quants store them). The kernel then sums imin * (activation code sums) in int32 per run and
   // multiplies by dmin once; `mins` is dropped (min() recomputes the same floats).
-  // imins [E][NB][pairs of groups][16][2] (whole runs, zero-padded), dmins [E][NB][runs][16].
+  // Layout and index arithmetic of both integer forms: cpp/src/moe/int_forms.h.
   AlignedBuffer imins, dmins;
-  int64_t imin_groups = 0;  // 0: float mins
+  int64_t imin_groups = 0;  // 0: float mins, else kIMinRun
   // Integer scales (int4, for a kernel with KernelDesc::int_scales, when they factor exactly): s = d * isc,
   // isc int8, one d per column and run of iscale_groups groups (K-quant and IQ4_XS super-blocks). The
   // kernel builds each group's float scale as isc * d in fp32 (the same float: exact), so decode reads
   // 1.5 bytes of scale per group and column instead of 4; `scales` is dropped (scale() recomputes them).
-  // iscales [E][NB][whole runs of groups][16] (zero-padded), dscales [E][NB][runs][16].
   AlignedBuffer iscales, dscales;
-  int64_t iscale_groups = 0;  // 0: float scales
+  int64_t iscale_groups = 0;  // 0: float scales, else kIMinRun
   const KernelDesc* kernel = nullptr;
 
   void set_codebook(const int8_t* cb);  // fills codebook and the derived fields
@@ -106,31 +105,16 @@ struct PackedExperts {
   int64_t scale_index(int64_t e, int64_t n, int64_t gi) const {
     return ((e * num_blocks() + n / 16) * num_groups() + gi) * 16 + n % 16;
   }
+  // Scale and min of (e, n, gi), from the integer forms where they replaced the floats (int_forms.cpp).
   float scale(int64_t e, int64_t n, int64_t gi) const {
-    if (iscale_groups)
-      return dscales.as<float>()[dscale_index(e, n, gi / iscale_groups)] * float(iscales.as<int8_t>()[iscale_index(e, n, gi)]);
-    return scales.as<float>()[scale_index(e, n, gi)];
-  }
-  int64_t iscale_runs() const { return iscale_groups ? (num_groups() + iscale_groups - 1) / iscale_groups : 0; }
-  int64_t iscale_index(int64_t e, int64_t n, int64_t gi) const {
-    return ((e * num_blocks() + n / 16) * iscale_runs() * iscale_groups + gi) * 16 + n % 16;
-  }
-  int64_t dscale_index(int64_t e, int64_t n, int64_t run) const {
-    return ((e * num_blocks() + n / 16) * iscale_runs() + run) * 16 + n % 16;
+    return iscale_groups ? int_scale(e, n, gi) : scales.as<float>()[scale_index(e, n, gi)];
   }
   float min(int64_t e, int64_t n, int64_t gi) const {
     if (!has_mins) return 0.f;
-    if (imin_groups) return dmins.as<float>()[dmin_index(e, n, gi / imin_groups)] * float(imins.as<int16_t>()[imin_index(e, n, gi)]);
-    return mins.as<float>()[scale_index(e, n, gi)];
+    return imin_groups ? int_min(e, n, gi) : mins.as<float>()[scale_index(e, n, gi)];
   }
-  int64_t imin_pairs() const { return imin_runs() * (imin_groups / 2); }  // the last run padded with zeros
-  int64_t imin_runs() const { return imin_groups ? (num_groups() + imin_groups - 1) / imin_groups : 0; }
-  int64_t imin_index(int64_t e, int64_t n, int64_t gi) const {
-    return (((e * num_blocks() + n / 16) * imin_pairs() + gi / 2) * 16 + n % 16) * 2 + gi % 2;
-  }
-  int64_t dmin_index(int64_t e, int64_t n, int64_t run) const {
-    return ((e * num_blocks() + n / 16) * imin_runs() + run) * 16 + n % 16;
-  }
+  float int_scale(int64_t e, int64_t n, int64_t gi) const;
+  float int_min(int64_t e, int64_t n, int64_t gi) const;
   int zero(int64_t e, int64_t n, int64_t gi) const;  // int schemes: stored, code_zero or 128
   // Raw stored codes of row (e, n): int4 u, int8 u = w + 128, fp8 code, bf16 bits (as uint16).
   void code_row(int64_t e, int64_t n, uint16_t* out) const;

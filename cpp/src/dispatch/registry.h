@@ -17,7 +17,7 @@ struct ActRows {
   const float* scale = nullptr;    //   one scale per buffer row
   const int32_t* asum = nullptr;   //   sum of the codes of each weight group: [*, G]
   const float* asum_f32 = nullptr; //   the same as fp32, for weights with mins (else nullptr)
-  const int16_t* asum16 = nullptr; //   the same as int16 [*, G2] (G2 = 2 * imin_pairs(), zero-padded), for integer mins
+  const int16_t* asum16 = nullptr; //   the same as int16 [*, G2] (G2 = 2 * imin_pairs(w), zero-padded), for integer mins
   int64_t G = 0, G2 = 0;
   const uint16_t* bf16 = nullptr;  // bf16 / fp8 schemes: bf16 bits [*, Kp]
   const float* f32 = nullptr;      //   or, for kernels with KernelDesc::f32_acts, those values as fp32

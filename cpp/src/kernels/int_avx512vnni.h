@@ -76,13 +76,14 @@ template <int MR, int NJ>
 __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0,
                                              float* corr) {
   constexpr int64_t S2 = kIMinRun / 2;  // pairs per run (imin_groups is kIMinRun)
-  const int64_t P2 = a.G2 / 2, runs = a.G2 / kIMinRun, NB = w.num_blocks();  // a.G2 = 2 w.imin_pairs(): no divisions
+  const int64_t P2 = a.G2 / 2, runs = a.G2 / kIMinRun;  // a.G2 = 2 imin_pairs(w): no divisions
   const int16_t* as[MR];
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) as[r] = a.asum16 + a.row_idx[r0 + r] * a.G2;
   // Panels inner: each row's code-sum pair is broadcast once into a register for the NJ panels
   // (as in dpbusd_row).
-  const int16_t* im = w.imins.as<int16_t>() + (e * NB + b) * P2 * 32;  // panel j at + j * P2 * 32
-  const float* dm = w.dmins.as<float>() + (e * NB + b) * runs * 16;     // panel j at + j * runs * 16
+  const IntFormBlock f(w, e, b, a.G);
+  const int16_t* im = f.imn;  // panel j at + j * P2 * 32
+  const float* dm = f.dmn;    // panel j at + j * runs * 16
   __m512 sum[MR][NJ];
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) sum[r][j] = _mm512_setzero_ps();

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "dispatch/registry.h"
+#include "moe/int_forms.h"
 
 namespace moe_cpu::kernels {
 
@@ -103,19 +104,18 @@ struct ScaleIndex {
 };
 
 // The integer K-quant forms of column block (e, b), where p holds them (else nullptr): int8 scales with
-// an fp32 d per run, int16 min pairs with an fp32 dmin per run. Panel j is block b + j; with G known
-// (ActRows::G), no division per tile.
+// an fp32 d per run, int16 min pairs with an fp32 dmin per run (layout: moe/int_forms.h). Panel j is
+// block b + j; with G known (ActRows::G), no division per tile.
 struct IntFormBlock {
   const int8_t* isc = nullptr;
   const float* dsc = nullptr;
   const int16_t* imn = nullptr;
   const float* dmn = nullptr;
   int64_t runs, P2;  // runs of kIMinRun groups; pairs of groups (whole runs)
-  IntFormBlock(const PackedExperts& w, int64_t e, int64_t b, int64_t G)
-      : runs((G + kIMinRun - 1) / kIMinRun), P2(runs * (kIMinRun / 2)) {
+  IntFormBlock(const PackedExperts& w, int64_t e, int64_t b, int64_t G) : runs(int_form_runs(G)), P2(runs * (kIMinRun / 2)) {
     const int64_t eb = e * w.num_blocks() + b;
-    if (w.iscale_groups) isc = w.iscales.as<int8_t>() + eb * runs * kIMinRun * 16, dsc = w.dscales.as<float>() + eb * runs * 16;
-    if (w.imin_groups) imn = w.imins.as<int16_t>() + eb * P2 * 32, dmn = w.dmins.as<float>() + eb * runs * 16;
+    if (w.iscale_groups) isc = w.iscales.as<int8_t>() + iscale_block(eb, runs), dsc = w.dscales.as<float>() + int_d_block(eb, runs);
+    if (w.imin_groups) imn = w.imins.as<int16_t>() + imin_block(eb, P2), dmn = w.dmins.as<float>() + int_d_block(eb, runs);
   }
   const int8_t* isc_at(int64_t j, int64_t gi) const { return isc + (j * runs * kIMinRun + gi) * 16; }
   const float* dsc_at(int64_t j, int64_t gi) const { return dsc + (j * runs + gi / kIMinRun) * 16; }

@@ -10,6 +10,7 @@
 #include "common/numeric.h"
 #include "common/transpose8x8.h"
 #include "dispatch/registry.h"
+#include "moe/int_forms.h"
 #include "moe_cpu/errors.h"
 #include "moe_cpu/packed_experts.h"
 
@@ -36,7 +37,7 @@ struct ActBuffer {
     f32 = !int_scheme && w.kernel->f32_acts;
     imins = int_scheme && w.has_mins && w.imin_groups > 0;
     mins = int_scheme && w.has_mins;  // fp32 code sums: float mins, and the ymm kernels' integer mins
-    G2 = imins ? w.imin_pairs() * 2 : 0;
+    G2 = imins ? imin_pairs(w) * 2 : 0;
     if (int_scheme) {
       q.resize(static_cast<size_t>(rows * Kp));
       s.resize(static_cast<size_t>(rows));

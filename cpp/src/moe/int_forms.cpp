@@ -89,14 +89,14 @@ void derive_int_mins(PackedExperts& p) {
   const int32_t mmax = int32_t(std::min<int64_t>(32767, (int64_t(1) << 31) / (S * 127 * gl) - 1));
   PackedExperts t = shape_of(p);  // the indexing of the integer form
   t.imin_groups = S;
-  AlignedBuffer im(size_t(p.num_experts * NB * t.imin_pairs() * 32) * 2), dm(size_t(p.num_experts * NB * t.imin_runs() * 16) * 4);
+  AlignedBuffer im(size_t(p.num_experts * NB * imin_pairs(t) * 32) * 2), dm(size_t(p.num_experts * NB * int_form_runs(t.num_groups()) * 16) * 4);
   std::memset(im.data(), 0, im.size());
   std::memset(dm.data(), 0, dm.size());
   const bool ok = factor_runs<int16_t>(
       p, -mmax, mmax, 64, [&](int64_t e, int64_t n, int64_t gi) { return p.min(e, n, gi); },
       [&](int64_t e, int64_t n, int64_t r, float d, const int16_t* m, int cnt) {
-        dm.as<float>()[t.dmin_index(e, n, r)] = d;
-        for (int j = 0; j < cnt; ++j) im.as<int16_t>()[t.imin_index(e, n, r * S + j)] = m[j];
+        dm.as<float>()[int_d_index(t, e, n, r)] = d;
+        for (int j = 0; j < cnt; ++j) im.as<int16_t>()[imin_index(t, e, n, r * S + j)] = m[j];
       });
   if (!ok) return;
   p.imins = std::move(im), p.dmins = std::move(dm), p.imin_groups = S;
@@ -111,18 +111,26 @@ void derive_int_scales(PackedExperts& p) {
     return;
   PackedExperts t = shape_of(p);  // the indexing of the integer form
   t.iscale_groups = S;
-  AlignedBuffer is(size_t(p.num_experts * NB * t.iscale_runs() * S * 16)), ds(size_t(p.num_experts * NB * t.iscale_runs() * 16) * 4);
+  AlignedBuffer is(size_t(p.num_experts * NB * int_form_runs(t.num_groups()) * S * 16)), ds(size_t(p.num_experts * NB * int_form_runs(t.num_groups()) * 16) * 4);
   std::memset(is.data(), 0, is.size());
   std::memset(ds.data(), 0, ds.size());
   const bool ok = factor_runs<int8_t>(  // int8; 8-bit integer scales need c up to 128
       p, -128, 127, 128, [&](int64_t e, int64_t n, int64_t gi) { return p.scale(e, n, gi); },
       [&](int64_t e, int64_t n, int64_t r, float d, const int8_t* m, int cnt) {
-        ds.as<float>()[t.dscale_index(e, n, r)] = d;
-        for (int j = 0; j < cnt; ++j) is.as<int8_t>()[t.iscale_index(e, n, r * S + j)] = m[j];
+        ds.as<float>()[int_d_index(t, e, n, r)] = d;
+        for (int j = 0; j < cnt; ++j) is.as<int8_t>()[iscale_index(t, e, n, r * S + j)] = m[j];
       });
   if (!ok) return;
   p.iscales = std::move(is), p.dscales = std::move(ds), p.iscale_groups = S;
   p.scales = AlignedBuffer();
+}
+
+float PackedExperts::int_scale(int64_t e, int64_t n, int64_t gi) const {
+  return dscales.as<float>()[int_d_index(*this, e, n, gi / kIMinRun)] * float(iscales.as<int8_t>()[iscale_index(*this, e, n, gi)]);
+}
+
+float PackedExperts::int_min(int64_t e, int64_t n, int64_t gi) const {
+  return dmins.as<float>()[int_d_index(*this, e, n, gi / kIMinRun)] * float(imins.as<int16_t>()[imin_index(*this, e, n, gi)]);
 }
 
 AlignedBuffer float_scales(const PackedExperts& p) {

@@ -1,7 +1,10 @@
 // int_forms.h — the scales' blocked order ([E][NB][G][16], scale_index) and the integer forms of int scales
 // and mins: every run of kIMinRun groups of a column factored exactly as d * integer (K-quants, IQ4_XS), for
-// the kernels that read them (KernelDesc::int_mins / int_scales). The index arithmetic of each form is
-// PackedExperts' (imin_index, iscale_index, ...), inline there because kernels call it per group.
+// the kernels that read them (KernelDesc::int_mins / int_scales). Their layout, per column block (e, b):
+//   iscales int8 [E][NB][runs * kIMinRun][16] and dscales fp32 [E][NB][runs][16];
+//   imins int16 [E][NB][pairs = runs * kIMinRun / 2][16][2] and dmins fp32 [E][NB][runs][16];
+// runs = ceil(G / kIMinRun), the last run zero-padded. The index arithmetic below is the one copy: the
+// packers, scale() / min() and the kernels' IntFormBlock use it.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -10,6 +13,26 @@
 #include "moe_cpu/packed_experts.h"
 
 namespace moe_cpu {
+
+// Runs of kIMinRun groups (whole, the last one padded) of a matrix with G groups.
+inline int64_t int_form_runs(int64_t G) { return (G + kIMinRun - 1) / kIMinRun; }
+// Pairs of groups of the integer mins (0 without them): the int16 code-sum row length G2 = 2 * pairs.
+inline int64_t imin_pairs(const PackedExperts& p) { return p.imin_groups ? int_form_runs(p.num_groups()) * (kIMinRun / 2) : 0; }
+// First element of column block eb = e * NB + b in each buffer, with `runs` runs (pairs = runs * kIMinRun / 2).
+inline int64_t iscale_block(int64_t eb, int64_t runs) { return eb * runs * kIMinRun * 16; }
+inline int64_t int_d_block(int64_t eb, int64_t runs) { return eb * runs * 16; }  // dscales and dmins
+inline int64_t imin_block(int64_t eb, int64_t pairs) { return eb * pairs * 32; }
+// Index of (e, n, group gi) or (e, n, run) in each buffer.
+inline int64_t iscale_index(const PackedExperts& p, int64_t e, int64_t n, int64_t gi) {
+  return iscale_block(e * p.num_blocks() + n / 16, int_form_runs(p.num_groups())) + gi * 16 + n % 16;
+}
+inline int64_t int_d_index(const PackedExperts& p, int64_t e, int64_t n, int64_t run) {
+  return int_d_block(e * p.num_blocks() + n / 16, int_form_runs(p.num_groups())) + run * 16 + n % 16;
+}
+inline int64_t imin_index(const PackedExperts& p, int64_t e, int64_t n, int64_t gi) {
+  const int64_t pairs = int_form_runs(p.num_groups()) * (kIMinRun / 2);
+  return imin_block(e * p.num_blocks() + n / 16, pairs) + ((gi / 2) * 16 + n % 16) * 2 + gi % 2;
+}
 
 // A buffer of T in the scales' [E][NB][G][16] order; src(e, n, gi) gives each value. Written by the
 // pool over (expert, column block) like the panels, so the pages are first-touched by the packing

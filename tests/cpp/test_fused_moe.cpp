@@ -124,6 +124,22 @@ TEST_P(GemmKernelTest, MatchesDirectComputationOnOddShapes) {
     }
     const double tol = is_int_scheme(kd->scheme) ? kTolInt : kTolFloat;
     EXPECT_LT(test::rel_max_err(got, want_rev), tol) << kd->name;
+    {  // rows in order: consecutive buffer rows 1..R (which a kernel may read in place) after another row
+      Acts in_order = acts;
+      const int64_t Kp = p.padded_k(), G = p.num_groups();
+      if (!acts.q.empty()) {
+        in_order.q.insert(in_order.q.begin(), acts.q.end() - Kp, acts.q.end());
+        in_order.asum.insert(in_order.asum.begin(), acts.asum.end() - G, acts.asum.end());
+        in_order.s.insert(in_order.s.begin(), acts.s.back());
+      } else {
+        in_order.b.insert(in_order.b.begin(), acts.b.end() - Kp, acts.b.end());
+        in_order.widen();
+      }
+      for (int64_t r = 0; r < R; ++r) in_order.idx[r] = int32_t(r + 1);
+      std::vector<float> got2(size_t(R * N), NAN);
+      kd->gemm(p, e, 0, blocks, in_order.view(p, R), got2.data(), N);
+      EXPECT_LT(test::rel_max_err(got2, want), is_int_scheme(kd->scheme) ? kTolInt : kTolFloat) << kd->name << " rows in order";
+    }
     if (blocks > 1) {  // columns [16, N) only, written from c[0]
       std::vector<float> part(size_t(R * (N - 16)), NAN);
       kd->gemm(p, e, 1, blocks, acts.view(p, R), part.data(), N - 16);

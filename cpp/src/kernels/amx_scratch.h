@@ -63,4 +63,31 @@ inline void gather_rows(const void* src, const int32_t* row_idx, int64_t R, int6
   std::memset(d + R * Kt * es, 0, size_t((Rp - R) * Kt) * es);
 }
 
+// The activation rows a call's A tiles read (32-row blocks of two 16-row tiles). In place when the rows
+// are consecutive buffer rows that need no K padding (GEMM2's rows, per expert), else gathered into
+// `buf` [round_up(R, 16)][Kt]; a last 16-row tile that R does not fill is always read from a zero-padded
+// copy, since a tile load reads all 16 rows.
+struct TileRows {
+  const uint8_t *base = nullptr, *tail = nullptr;
+  int64_t stride = 0, tail_stride = 0, tail_r0 = 0;  // bytes per row; the block from which `tail` holds the rows
+  TileRows(const void* src, const int32_t* row_idx, int64_t R, int64_t Kp, int64_t Kt, size_t es, uint8_t* buf) {
+    bool consecutive = Kt == Kp;
+    for (int64_t r = 1; r < R && consecutive; ++r) consecutive = row_idx[r] == row_idx[0] + r;
+    tail_r0 = R % 16 ? (R - 1) / 32 * 32 : R;
+    tail_stride = Kt * int64_t(es);
+    if (!consecutive) {
+      gather_rows(src, row_idx, R, Kp, Kt, es, buf);
+      base = buf, stride = tail_stride, tail = buf + tail_r0 * tail_stride;
+      return;
+    }
+    base = static_cast<const uint8_t*>(src) + row_idx[0] * Kp * int64_t(es), stride = Kp * int64_t(es);
+    if (tail_r0 < R) gather_rows(src, row_idx + tail_r0, R - tail_r0, Kp, Kt, es, buf), tail = buf;
+  }
+  // First row of the block at r0 and its row stride in bytes.
+  const uint8_t* block(int64_t r0, int64_t& st) const {
+    if (r0 >= tail_r0) return st = tail_stride, tail + (r0 - tail_r0) * tail_stride;
+    return st = stride, base + r0 * stride;
+  }
+};
+
 }  // namespace moe_cpu::kernels

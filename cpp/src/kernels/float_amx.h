@@ -1,7 +1,7 @@
 // float_amx.h — the shared kernel of bf16_amx and fp8w_amx (and their _amx_model test twins):
 // tdpbf16ps on a tile backend T (amx_tiles.h).
 // Tiles (amx_scratch.h): 32 rows x 32 columns of fp32 sums in C 0-3; A 4-5: 16 rows x 32 bf16
-// activations gathered row-major; B 6-7: 16 rows of 16 columns x 2 bf16, which is a bf16 panel's
+// activations (TileRows: in place or gathered); B 6-7: 16 rows of 16 columns x 2 bf16, which is a bf16 panel's
 // rows as stored (read in place); fp8 e4m3 codes are decoded to bf16 (exact) into a scratch once
 // per column pair and call. fp8: each K-block's fp32 sum times the column's block scale, fused into
 // the running sum. The tile sums pairs in the hardware's order, so the bits may differ from the
@@ -51,7 +51,7 @@ void float_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
   uint8_t* tail = ar.take<uint8_t>(2 * brow);                      // bf16: the last partial k-step of each panel
   float* cf = ar.take<float>(32 * 32);
   float* acc = ar.take<float>(32 * 32);
-  gather_rows(a.bf16, a.row_idx, R, Kp, Kt, 2, A);
+  const TileRows rows(a.bf16, a.row_idx, R, Kp, Kt, 2, reinterpret_cast<uint8_t*>(A));
   const int64_t full = (Kp / 2) / 16;  // bf16: k-steps whose B rows lie inside the panel
   T::configure(tile_config(64));
   for (int64_t b = b0; b < b1; b += 2) {
@@ -70,18 +70,19 @@ void float_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
     for (int64_t r0 = 0; r0 < R; r0 += 32) {
       const bool two = r0 + 16 < R;
       const int64_t rr = std::min<int64_t>(32, R - r0);
-      const uint16_t* a0 = A + r0 * Kt;
+      int64_t lda;
+      const uint8_t* a0 = rows.block(r0, lda);
       std::fill(acc, acc + 32 * 32, 0.f);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / kk, s1 = gi == G - 1 ? steps : (gi + 1) * gl / kk;
         T::template zero<0>(), T::template zero<1>(), T::template zero<2>(), T::template zero<3>();
         for (int64_t s = s0; s < s1; ++s) {
-          T::template load<kTileA>(a0 + s * kk, Kt * 2);
+          T::template load<kTileA>(a0 + s * kk * 2, lda);
           T::template load<kTileB>(bsrc(0, s), 64);
           T::template dpbf16ps<0, kTileA, kTileB>();
           if (nj == 2) T::template load<kTileB + 1>(bsrc(1, s), 64), T::template dpbf16ps<1, kTileA, kTileB + 1>();
           if (two) {
-            T::template load<kTileA + 1>(a0 + 16 * Kt + s * kk, Kt * 2);
+            T::template load<kTileA + 1>(a0 + 16 * lda + s * kk * 2, lda);
             T::template dpbf16ps<2, kTileA + 1, kTileB>();
             if (nj == 2) T::template dpbf16ps<3, kTileA + 1, kTileB + 1>();
           }

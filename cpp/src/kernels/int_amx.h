@@ -1,7 +1,7 @@
 // int_amx.h — the shared kernel of w8a8_amx and w4a8_amx (and their _amx_model test twins): tdpbsud
 // (signed activation bytes x unsigned weight bytes) on a tile backend T (amx_tiles.h).
 // Tiles (amx_scratch.h): 32 rows x 32 columns of int32 sums in C 0-3; A 4-5: 16 rows x ka activation
-// codes gathered row-major; B 6-7: ka/4 rows of 16 columns x 4 bytes, which is a VNNI panel row as
+// codes (TileRows: in place or gathered); B 6-7: ka/4 rows of 16 columns x 4 bytes, which is a VNNI panel row as
 // stored (int8: u = w + 128, read in place); int4 codes are widened to one byte each (through
 // code_table) into a scratch once per column pair and call. ka = 64 k per tile step (32 for groups of 32).
 // Per scale group the C tiles are stored and a plain C++ epilogue applies the float operations of
@@ -94,7 +94,7 @@ void int_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, con
   float* acc = ar.take<float>(32 * 32);
   float* corr = ar.take<float>(32 * 32);
   IntPairTerms pt{ar.take<float>(G * 32), mins ? ar.take<float>(G * 32) : nullptr, zeros ? ar.take<int32_t>(G * 32) : nullptr};
-  gather_rows(a.q, a.row_idx, R, Kp, Kt, 1, A);
+  const TileRows rows(a.q, a.row_idx, R, Kp, Kt, 1, reinterpret_cast<uint8_t*>(A));
   const int64_t full = (Kp / 4) / (ka / 4);  // int8: k-steps whose B rows lie inside the panel
   T::configure(tile_config(ka));
   for (int64_t b = b0; b < b1; b += 2) {
@@ -113,18 +113,19 @@ void int_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, con
     for (int64_t r0 = 0; r0 < R; r0 += 32) {
       const bool two = r0 + 16 < R;
       const int64_t rr = std::min<int64_t>(32, R - r0);
-      const int8_t* a0 = A + r0 * Kt;
+      int64_t lda;
+      const uint8_t* a0 = rows.block(r0, lda);
       std::fill(acc, acc + 32 * 32, 0.f);
       for (int64_t gi = 0; gi < G; ++gi) {
         const int64_t s0 = gi * gl / ka, s1 = gi == G - 1 ? steps : (gi + 1) * gl / ka;
         T::template zero<0>(), T::template zero<1>(), T::template zero<2>(), T::template zero<3>();
         for (int64_t s = s0; s < s1; ++s) {
-          T::template load<kTileA>(a0 + s * ka, Kt);
+          T::template load<kTileA>(a0 + s * ka, lda);
           T::template load<kTileB>(bsrc(0, s), 64);
           T::template dpbsud<0, kTileA, kTileB>();
           if (nj == 2) T::template load<kTileB + 1>(bsrc(1, s), 64), T::template dpbsud<1, kTileA, kTileB + 1>();
           if (two) {
-            T::template load<kTileA + 1>(a0 + 16 * Kt + s * ka, Kt);
+            T::template load<kTileA + 1>(a0 + 16 * lda + s * ka, lda);
             T::template dpbsud<2, kTileA + 1, kTileB>();
             if (nj == 2) T::template dpbsud<3, kTileA + 1, kTileB + 1>();
           }

@@ -77,6 +77,18 @@ def test_amx_levels_and_status():
             moe_cpu.force_isa("amx")
 
 
+@pytest.mark.parametrize("value, want", [("1", "1"), ("4096", "4096"), ("0", "not a positive integer"),
+                                         ("-3", "not a positive integer"), ("12x", "not a positive integer")])
+def test_amx_min_rows_from_the_environment(tmp_path, value, want):
+    code = "import moe_cpu\nprint(moe_cpu.cpu_features()['amx_min_rows'])\n"
+    env = dict(os.environ, MOE_CPU_AMX_MIN_ROWS=value)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    if want.isdigit():
+        assert out.returncode == 0 and out.stdout.strip() == want, out.stderr
+    else:
+        assert out.returncode != 0 and "ValueError: MOE_CPU_AMX_MIN_ROWS" in out.stderr and want in out.stderr
+
+
 def test_force_isa_changes_later_packing_only(tmp_path):
     code = (
         "import numpy as np, moe_cpu as mc\n"

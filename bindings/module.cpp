@@ -40,4 +40,5 @@ PYBIND11_MODULE(_core, m) {
   m.def("forced_isa", &moe_cpu::forced_isa);
   m.def("amx_status", &moe_cpu::amx_status);
   m.def("amx_min_rows", &moe_cpu::amx_min_rows);
+  m.def("set_amx_min_rows", &moe_cpu::set_amx_min_rows, py::arg("rows"));
 }

@@ -22,6 +22,7 @@ __all__ = [
     "PackedExperts", "pack_int4", "pack_int8", "pack_fp8", "pack_bf16", "quantize_experts",
     "fused_experts", "shared_expert", "select_experts", "moe_align_block_size",
     "dynamic_4bit_int_moe", "load_packed", "set_num_threads", "get_num_threads", "set_scratch_limit", "get_scratch_limit", "cpu_features", "force_isa",
+    "set_amx_min_rows", "get_amx_min_rows",
     "SCHEMES", "ACTIVATIONS",
 ]
 
@@ -379,6 +380,18 @@ def cpu_features() -> dict:
         "amx": _core.amx_status(),
         "amx_min_rows": _core.amx_min_rows(),
     }
+
+
+def set_amx_min_rows(rows: int) -> None:
+    """Rows an expert needs before the AMX kernels use the tiles (fewer: their AVX-512 twins, with the same
+    bits for the int schemes and fp32-rounding differences for bf16 / fp8). Overrides ``MOE_CPU_AMX_MIN_ROWS``;
+    applies to later calls. No effect without AMX."""
+    _core.set_amx_min_rows(_int_arg(rows, "rows"))
+
+
+def get_amx_min_rows() -> int:
+    """The AMX row threshold in force (see ``set_amx_min_rows``)."""
+    return _core.amx_min_rows()
 
 
 def force_isa(isa: str) -> None:

@@ -77,6 +77,20 @@ def test_amx_levels_and_status():
             moe_cpu.force_isa("amx")
 
 
+def test_set_amx_min_rows_checks_and_restores():
+    before = moe_cpu.get_amx_min_rows()
+    try:
+        moe_cpu.set_amx_min_rows(7)
+        assert moe_cpu.get_amx_min_rows() == 7 and moe_cpu.cpu_features()["amx_min_rows"] == 7
+        with pytest.raises(ValueError, match="must be >= 1"):
+            moe_cpu.set_amx_min_rows(0)
+        with pytest.raises(TypeError, match="rows must be an int"):
+            moe_cpu.set_amx_min_rows(2.5)
+        assert moe_cpu.get_amx_min_rows() == 7
+    finally:
+        moe_cpu.set_amx_min_rows(before)
+
+
 @pytest.mark.parametrize("value, want", [("1", "1"), ("4096", "4096"), ("0", "not a positive integer"),
                                          ("-3", "not a positive integer"), ("12x", "not a positive integer")])
 def test_amx_min_rows_from_the_environment(tmp_path, value, want):

@@ -36,10 +36,12 @@ std::string forced_isa();
 // "granted" when dispatch may use AMX, else why not (no AMX in CPUID, the OS does not save the tile
 // state, or the kernel refused the tile-data permission).
 std::string amx_status();
-// Rows an expert needs before the AMX kernels use the tiles; with fewer, their AVX-512 twins run.
-// MOE_CPU_AMX_MIN_ROWS (a positive integer, read once; ValueError else), or kAmxMinRows.
+// Rows an expert needs before the AMX kernels use the tiles; with fewer, their AVX-512 twins run (the
+// int schemes give the same bits either way). Set by set_amx_min_rows, else MOE_CPU_AMX_MIN_ROWS (a
+// positive integer, read once; ValueError else), else kAmxMinRows.
 constexpr int64_t kAmxMinRows = 32;  // provisional: not yet measured on an AMX host
 int64_t amx_min_rows();
+void set_amx_min_rows(int64_t rows);  // rows >= 1, else ValueError
 // Names of the active feature bits, e.g. {"avx2", "avx512", "avx512_vnni"}.
 std::vector<std::string> feature_names(uint64_t bits);
 

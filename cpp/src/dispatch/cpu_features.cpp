@@ -183,8 +183,13 @@ std::string amx_status() {
   return g_amx_status;
 }
 
+namespace {
+std::atomic<int64_t> g_amx_min_rows{0};  // 0: not set yet
+}  // namespace
+
 int64_t amx_min_rows() {
-  static const int64_t n = [] {
+  if (const int64_t n = g_amx_min_rows.load(std::memory_order_relaxed)) return n;
+  static const int64_t from_env = [] {
     const char* env = std::getenv("MOE_CPU_AMX_MIN_ROWS");
     if (!env || !*env) return kAmxMinRows;
     char* end = nullptr;
@@ -193,7 +198,14 @@ int64_t amx_min_rows() {
       throw ValueError(msg("MOE_CPU_AMX_MIN_ROWS = '", env, "' is not a positive integer (rows an expert needs before the AMX kernels use tiles)"));
     return int64_t(v);
   }();
-  return n;
+  int64_t unset = 0;
+  g_amx_min_rows.compare_exchange_strong(unset, from_env);
+  return g_amx_min_rows.load(std::memory_order_relaxed);
+}
+
+void set_amx_min_rows(int64_t rows) {
+  if (rows < 1) throw ValueError(msg("amx_min_rows = ", rows, " must be >= 1 (rows an expert needs before the AMX kernels use tiles)"));
+  g_amx_min_rows.store(rows, std::memory_order_relaxed);
 }
 
 std::vector<std::string> feature_names(uint64_t bits) {

@@ -14,6 +14,8 @@ Writes OUT/bench_moe.json and OUT/bench_moe.png (matplotlib, optional).
     moe-cpu bench                       # everything (a few minutes); also python bench/bench_moe.py
     moe-cpu bench --quick               # Qwen3 shape, M = 1, 16, 256
     moe-cpu bench --shapes qwen3-30b-a3b --experts 16 --m 1,4 --schemes int8_w8a8 --no-peers
+    moe-cpu bench --kt-peer ...         # also kt-kernel (pip install kt-kernel==0.7.2 --no-deps)
+    moe-cpu bench --amx-crossover ...   # AMX hosts: rows per expert from which the tiles win
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ import time
 import numpy as np
 
 from .. import _core, api as moe_cpu
+from .amx import amx_crossover
+from .kt_peer import kt_peer
 from .peaks import Peaks, peak_insn, tier
 from .peers import peers, torch_peer
 from .random_forms import FORMS, GGUF_ROWS, random_codes, scheme_of
@@ -169,30 +173,41 @@ def main(argv=None) -> int:
     p.add_argument("--schemes", type=_csv(list(moe_cpu.SCHEMES) + list(FORMS), "--schemes"), default=list(moe_cpu.SCHEMES),
                    help="schemes, and checkpoint forms: " + ", ".join(FORMS))
     p.add_argument("--gguf", action="store_true", help="the GGUF form rows: " + ",".join(GGUF_ROWS))
-    p.add_argument("--m", type=_m_list, default=list(MS), help="token counts, e.g. 1,16,256")
+    p.add_argument("--m", type=_m_list, default=None, help="token counts, e.g. 1,16,256")
     p.add_argument("--experts", type=int, default=0, help="use this many experts for every shape (0: the table's)")
     p.add_argument("--quick", action="store_true", help="Qwen3 shape, M = 1, 16, 256")
     p.add_argument("--no-peers", action="store_true", help="skip the reference / NumPy / torch comparisons")
     p.add_argument("--torch-peer-only", action="store_true",
                    help="of the comparisons, only torch's (bf16 scheme; where torch is installed)")
+    p.add_argument("--kt-peer", action="store_true",
+                   help="also kt-kernel, KTransformers' CPU MoE kernels (an optional ~100 MB wheel: "
+                        "pip install kt-kernel==0.7.2 --no-deps): Qwen3 shape, its int8 / int4 / bf16 schemes, "
+                        "at --m (default 1,128,1024), with --experts")
+    p.add_argument("--amx-crossover", action="store_true",
+                   help="where AMX is active: the rows per expert from which the tiles beat their AVX-512 twins "
+                        "(--schemes, --experts, default 16)")
     p.add_argument("--out", default="bench_out", help="output directory (default ./bench_out)")
     a = p.parse_args(argv)
     if a.quick:
         a.shapes, a.m = ["qwen3-30b-a3b"], [1, 16, 256]
     if a.gguf:
         a.schemes = GGUF_ROWS
-    a.ms = tuple(a.m)
+    a.ms = tuple(a.m or MS)
     try:
         limits, rows = run(a)
         peer_rows = [] if a.no_peers or a.torch_peer_only else peers(a, np.random.default_rng(2))
         torch_rows = [] if a.no_peers else torch_peer(np.random.default_rng(3), limits["threads"])
+        kt_rows = (kt_peer(np.random.default_rng(4), limits["threads"], a.m or (1, 128, 1024), a.schemes,
+                           a.experts or None) if a.kt_peer else [])
+        amx_rows = (amx_crossover(np.random.default_rng(5), [s for s in a.schemes if s in moe_cpu.SCHEMES],
+                                  experts=a.experts or 16) if a.amx_crossover else [])
     except ValueError as e:
         print(f"moe-cpu bench: error: {e}", file=sys.stderr)
         return 2
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "bench_moe.json"), "w") as f:
         json.dump({"limits": limits, "features": moe_cpu.cpu_features(), "rows": rows, "peers": peer_rows,
-                   "torch_peer": torch_rows}, f, indent=1)
+                   "torch_peer": torch_rows, "kt_peer": kt_rows, "amx_crossover": amx_rows}, f, indent=1)
     try:
         plot(rows, os.path.join(a.out, "bench_moe.png"))
     except ImportError:

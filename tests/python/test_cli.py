@@ -1,4 +1,5 @@
 """The moe-cpu command line, run as `python -m moe_cpu` in a subprocess (outside the source tree)."""
+import importlib.util
 import json
 import os
 import platform
@@ -10,7 +11,7 @@ import pytest
 
 import moe_cpu
 from moe_cpu import cli
-from moe_cpu.bench import peaks, peers
+from moe_cpu.bench import kt_peer, peaks, peers
 
 pytestmark = pytest.mark.slow   # subprocesses / torch / mpirun: native level only, not in `test.sh quick`
 
@@ -55,10 +56,18 @@ def check_bench_json(out, data, schemes, ms):
 
 def test_bench_writes_json_and_plot(tmp_path):
     out = run_cli(tmp_path, "bench", "--shapes", "qwen3-30b-a3b", "--experts", "8", "--m", "1,4",
-                  "--schemes", "int8_w8a8,bf16", "--no-peers", "--out", str(tmp_path / "b"))
+                  "--schemes", "int8_w8a8,bf16", "--no-peers", "--kt-peer", "--amx-crossover", "--out", str(tmp_path / "b"))
     data = json.loads((tmp_path / "b" / "bench_moe.json").read_text())
     assert (tmp_path / "b" / "bench_moe.png").stat().st_size > 0
     check_bench_json(out, data, ("int8_w8a8", "bf16"), (1, 4))
+    if data["kt_peer"]:  # --kt-peer: rows where kt-kernel runs, else [] and a line saying why
+        check_kt_rows(data["kt_peer"], data["limits"]["threads"], ("int8_w8a8", "bf16"), (1, 4))
+    else:
+        assert "kt-kernel peer: " in out
+    if "amx" in moe_cpu.cpu_features()["active"]:
+        assert {r["scheme"] for r in data["amx_crossover"]} == {"int8_w8a8", "bf16"} and "crossover:" in out
+    else:
+        assert data["amx_crossover"] == [] and "AMX crossover: not measured here" in out
 
 
 def test_bench_at_reference_level_says_no_simd_peak(tmp_path):
@@ -111,3 +120,47 @@ def test_torch_peer_says_how_to_get_torch_when_it_is_missing(monkeypatch, capsys
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
     assert peers.torch_peer(np.random.default_rng(0), 1) == []
     assert "pip install torch==2.13.0" in capsys.readouterr().out
+
+
+def check_kt_rows(rows, threads, schemes, ms):
+    assert {(r["scheme"], r["M"]) for r in rows} == {(s, m) for s in schemes for m in ms}
+    for r in rows:
+        assert r["moe_cpu_ms"] > 0 and all(r[f"kt_cpuinfer{n}_ms"] > 0 for n in {threads, 1}), r
+        # kt's error against float32 is near ours (its own quantization), and kt is close to us
+        assert r["kt_agrees"] and r["rel_err_kt"] < max(2 * r["rel_err_moe_cpu"], 0.02), r
+        assert r["rel_err_kt_vs_moe_cpu"] < {"bf16": 0.02, "int8_w8a8": 0.05, "int4_w4a8": 0.3}[r["scheme"]], r
+
+
+def test_kt_peer_says_how_to_get_kt_kernel_when_it_is_missing(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "kt_kernel", None)  # find_spec("kt_kernel") -> None: not installed
+    assert kt_peer.kt_peer(np.random.default_rng(0), 2, ms=(1,), experts=8) == []
+    assert "pip install kt-kernel==0.7.2 --no-deps" in capsys.readouterr().out
+
+
+def test_kt_peer_times_and_matches_moe_cpu_where_kt_kernel_runs(capsys):
+    """Installed (pip install kt-kernel==0.7.2 --no-deps): both timings and a small error per row; else []."""
+    threads = moe_cpu.get_num_threads()
+    rows = kt_peer.kt_peer(np.random.default_rng(0), threads, ms=(1, 3), experts=8, min_time=0.02)
+    out = capsys.readouterr().out
+    if importlib.util.find_spec("kt_kernel") is None:
+        assert rows == [] and "pip install kt-kernel==0.7.2 --no-deps" in out
+        return
+    info = kt_peer.probe()  # kt's module for this CPU, run in a subprocess (a SIGILL lands there)
+    if isinstance(info, str):
+        assert rows == [] and "no usable module" in out
+        return
+    assert info["ran"] and f"CPUInfer({threads})" in out and "CPUInfer(1)" in out
+    check_kt_rows(rows, threads, info["ran"], (1, 3))
+
+
+def test_kt_peer_reports_a_module_this_cpu_cannot_run(monkeypatch, capsys):
+    """kt's AMX module forced on a CPU without AMX dies of SIGILL in the probe's subprocess, not here."""
+    monkeypatch.setenv("KT_KERNEL_CPU_VARIANT", "amx")  # kt's own override of its CPU detection
+    rows = kt_peer.kt_peer(np.random.default_rng(0), 1, ms=(1,), schemes=("bf16",), experts=8, min_time=0.02)
+    out = capsys.readouterr().out
+    if importlib.util.find_spec("kt_kernel") is None:
+        assert rows == [] and "pip install kt-kernel==0.7.2 --no-deps" in out
+    elif "amx" in moe_cpu.cpu_features()["detected"]:
+        check_kt_rows(rows, 1, ("bf16",), (1,))
+    else:
+        assert rows == [] and "no usable module for this CPU: running AMXInt8_MOE of _kt_kernel_ext_amx died of SIGILL" in out

@@ -9,6 +9,7 @@
 
 #include "kernels/amx_tiles.h"
 #include "kernels/tile_driver.h"
+#include "moe_cpu/cpu_features.h"
 
 namespace moe_cpu::kernels {
 
@@ -22,6 +23,54 @@ inline TileConfig tile_config(int ka) {
   for (int t = kTileA; t < kTileA + 2; ++t) c.rows[t] = 16, c.colsb[t] = uint16_t(ka);
   for (int t = kTileB; t < kTileB + 2; ++t) c.rows[t] = uint8_t(ka / 4), c.colsb[t] = 64;
   return c;
+}
+
+// The B tiles of blocks [b, b + nj) read in place from panels whose rows are the tile rows (int8, bf16):
+// k-step s at panel + s * brow while the whole tile lies in the panel, the partial last step from a
+// zero-padded copy in tail [2][brow].
+struct PanelSteps {
+  const PackedExperts& w;
+  int64_t e, b, brow, full;
+  const uint8_t* tail;
+  PanelSteps(const PackedExperts& w_, int64_t e_, int64_t b_, int64_t nj, int64_t brow_, uint8_t* tail_)
+      : w(w_), e(e_), b(b_), brow(brow_), full(w_.panel_bytes() / brow_), tail(tail_) {
+    const int64_t rest = w.panel_bytes() - full * brow;
+    for (int64_t j = 0; j < nj && rest; ++j) {
+      std::memcpy(tail_ + j * brow, w.panel(e, b + j) + full * brow, size_t(rest));
+      std::memset(tail_ + j * brow + rest, 0, size_t(brow - rest));
+    }
+  }
+  const uint8_t* operator()(int64_t j, int64_t s) const { return s < full ? w.panel(e, b + j) + s * brow : tail + j * brow; }
+};
+
+// C(ra, j) = A(4 + ra) x B(6 + j): tdpbf16ps (kBf16) or tdpbsud.
+template <class T, bool kBf16, int c, int a, int b>
+inline void tile_dot() {
+  if constexpr (kBf16) T::template dpbf16ps<c, a, b>();
+  else T::template dpbsud<c, a, b>();
+}
+
+// C tiles := the sum over k-steps [s0, s1) of the A tiles of the row block at a0 (row stride lda bytes, sa
+// bytes per k-step; rows 16-31 only with `two`) times the B tiles bsrc(j, s) of panels j < nj; then stored
+// to c [32][32] 4-byte sums (row stride 128 bytes).
+template <class T, bool kBf16, class BSrc>
+inline void tile_steps(const uint8_t* a0, int64_t lda, int64_t sa, int64_t s0, int64_t s1, bool two, int64_t nj,
+                       const BSrc& bsrc, void* c) {
+  T::template zero<0>(), T::template zero<1>(), T::template zero<2>(), T::template zero<3>();
+  for (int64_t s = s0; s < s1; ++s) {
+    T::template load<kTileA>(a0 + s * sa, lda);
+    T::template load<kTileB>(bsrc(0, s), 64);
+    tile_dot<T, kBf16, 0, kTileA, kTileB>();
+    if (nj == 2) T::template load<kTileB + 1>(bsrc(1, s), 64), tile_dot<T, kBf16, 1, kTileA, kTileB + 1>();
+    if (two) {
+      T::template load<kTileA + 1>(a0 + 16 * lda + s * sa, lda);
+      tile_dot<T, kBf16, 2, kTileA + 1, kTileB>();
+      if (nj == 2) tile_dot<T, kBf16, 3, kTileA + 1, kTileB + 1>();
+    }
+  }
+  uint8_t* cb = static_cast<uint8_t*>(c);
+  T::template store<0>(cb, 128), T::template store<1>(cb + 64, 128);
+  if (two) T::template store<2>(cb + 16 * 128, 128), T::template store<3>(cb + 16 * 128 + 64, 128);
 }
 
 // Per-thread bump allocator over one buffer kept between calls (64-byte aligned pieces).
@@ -89,5 +138,32 @@ struct TileRows {
     return st = stride, base + r0 * stride;
   }
 };
+
+// The rows of one column pair in 32-row blocks: for each block (rows [r0, r0 + rr)) and scale group gi
+// (k-steps of kg elements, sa bytes each; the last group runs to `steps`), the group's C tiles go to c
+// and group(gi, r0, rr) folds them into the block's sums; then done(r0, rr).
+template <class T, bool kBf16, class BSrc, class Group, class Done>
+void row_blocks(const TileRows& rows, int64_t R, int64_t G, int64_t gl, int64_t kg, int64_t sa, int64_t steps,
+                int64_t nj, const BSrc& bsrc, void* c, Group&& group, Done&& done) {
+  for (int64_t r0 = 0; r0 < R; r0 += 32) {
+    const int64_t rr = std::min<int64_t>(32, R - r0);
+    int64_t lda;
+    const uint8_t* a0 = rows.block(r0, lda);
+    for (int64_t gi = 0; gi < G; ++gi) {
+      const int64_t s0 = gi * gl / kg, s1 = gi == G - 1 ? steps : (gi + 1) * gl / kg;
+      tile_steps<T, kBf16>(a0, lda, sa, s0, s1, rr > 16, nj, bsrc, c);
+      group(gi, r0, rr);
+    }
+    done(r0, rr);
+  }
+}
+
+// The per-expert choice of an AMX kernel: experts with fewer than amx_min_rows() rows go to its AVX-512
+// twin (same packed layout), the rest to the tiles.
+template <const KernelDesc* kTwin, void (*kTiles)(const PackedExperts&, int64_t, int64_t, int64_t, const ActRows&, float*, int64_t)>
+void amx_or_twin(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  if (a.rows < amx_min_rows()) return kTwin->gemm(w, e, b0, b1, a, c, ldc);
+  kTiles(w, e, b0, b1, a, c, ldc);
+}
 
 }  // namespace moe_cpu::kernels

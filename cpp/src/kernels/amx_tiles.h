@@ -107,22 +107,29 @@ struct TileModel {
   }
   template <int t> static void zero() { std::memset(s().reg[t], 0, sizeof s().reg[t]); }
 
-  // TDPBSUD: dst.row[m].dword[n] += sum over the 4 bytes i of SIGN_EXTEND(a.row[m].dword[k].byte[i]) *
-  // ZERO_EXTEND(b.row[k].dword[n].byte[i]), for k < a.colsb / 4 (int32, wrapping).
-  template <int c, int a, int b> static void dpbsud() {
+  // The loop of every tile dot product in the SDM: for each row m of dst, tmp := dst.row[m]; for
+  // k < a.colsb / 4 and n < dst.colsb / 4, cell(tmp[n], the 4 bytes a.row[m].dword[k], b.row[k].dword[n]);
+  // then write_row_and_zero(dst, m, tmp) and zero_upper_rows(dst). Cell is int32 or fp32.
+  template <int c, int a, int b, class Cell, class F>
+  static void each_dot(F&& cell) {
     State& st = s();
     for (int m = 0; m < rows(c); ++m) {
-      uint32_t tmp[16];
+      Cell tmp[16];
       std::memcpy(tmp, st.reg[c][m], 64);
       for (int k = 0; k < colsb(a) / 4; ++k)
-        for (int n = 0; n < colsb(c) / 4; ++n) {
-          int32_t dot = 0;
-          for (int i = 0; i < 4; ++i) dot += int32_t(int8_t(st.reg[a][m][4 * k + i])) * int32_t(st.reg[b][k][4 * n + i]);
-          tmp[n] += uint32_t(dot);
-        }
+        for (int n = 0; n < colsb(c) / 4; ++n) cell(tmp[n], &st.reg[a][m][4 * k], &st.reg[b][k][4 * n]);
       write_row(c, m, tmp);
     }
     zero_upper_rows(c);
+  }
+
+  // TDPBSUD: tmp.dword[n] += sum over the 4 bytes i of SIGN_EXTEND(a byte i) * ZERO_EXTEND(b byte i) (int32, wrapping).
+  template <int c, int a, int b> static void dpbsud() {
+    each_dot<c, a, b, uint32_t>([](uint32_t& t, const uint8_t* x, const uint8_t* y) {
+      int32_t dot = 0;
+      for (int i = 0; i < 4; ++i) dot += int32_t(int8_t(x[i])) * int32_t(y[i]);
+      t += uint32_t(dot);
+    });
   }
 
   // make_fp32 of a bf16 input with DAZ (denormal inputs read as zero); outputs flushed likewise.
@@ -142,22 +149,12 @@ struct TileModel {
     std::memcpy(&f, &u, 4);
     return f;
   }
-  // TDPBF16PS: dst.row[m].fp32[n] += a.bf16[2k] * b.row[k].bf16[2n], then += a.bf16[2k+1] * b.bf16[2n+1],
-  // for k < a.colsb / 4, each operation rounded to nearest even with DAZ and FTZ.
+  // TDPBF16PS: tmp.fp32[n] += a.bf16[2k] * b.bf16[2n], then += a.bf16[2k+1] * b.bf16[2n+1], each operation
+  // rounded to nearest even with DAZ and FTZ.
   template <int c, int a, int b> static void dpbf16ps() {
-    State& st = s();
-    for (int m = 0; m < rows(c); ++m) {
-      float tmp[16];
-      std::memcpy(tmp, st.reg[c][m], 64);
-      for (int k = 0; k < colsb(a) / 4; ++k)
-        for (int n = 0; n < colsb(c) / 4; ++n)
-          for (int i = 0; i < 2; ++i) {
-            const float p = ftz(bf16_daz(&st.reg[a][m][4 * k + 2 * i]) * bf16_daz(&st.reg[b][k][4 * n + 2 * i]));
-            tmp[n] = ftz(tmp[n] + p);
-          }
-      write_row(c, m, tmp);
-    }
-    zero_upper_rows(c);
+    each_dot<c, a, b, float>([](float& t, const uint8_t* x, const uint8_t* y) {
+      for (int i = 0; i < 2; ++i) t = ftz(t + ftz(bf16_daz(x + 2 * i) * bf16_daz(y + 2 * i)));
+    });
   }
 };
 

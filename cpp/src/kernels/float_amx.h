@@ -52,59 +52,36 @@ void float_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
   float* cf = ar.take<float>(32 * 32);
   float* acc = ar.take<float>(32 * 32);
   const TileRows rows(a.bf16, a.row_idx, R, Kp, Kt, 2, reinterpret_cast<uint8_t*>(A));
-  const int64_t full = (Kp / 2) / 16;  // bf16: k-steps whose B rows lie inside the panel
   T::configure(tile_config(64));
   for (int64_t b = b0; b < b1; b += 2) {
     const int64_t nj = std::min<int64_t>(2, b1 - b);
     if constexpr (kFp8) decode_fp8(w, e, b, nj, Kt, Bw);
-    else
-      for (int64_t j = 0; j < nj && full < steps; ++j) {
-        std::memset(tail + j * brow, 0, size_t(brow));
-        std::memcpy(tail + j * brow, w.panel(e, b + j) + full * brow, size_t((Kp / 2 - full * 16) * 64));
-      }
+    const PanelSteps panel(w, e, b, kFp8 ? 0 : nj, brow, tail);
     const auto bsrc = [&](int64_t j, int64_t s) -> const void* {
       if constexpr (kFp8) return Bw + j * Kt * 16 + s * (brow / 2);
-      else return s < full ? w.panel(e, b + j) + s * brow : tail + j * brow;
+      else return panel(j, s);
     };
     const ScaleIndex sx(w, e, b, G);
-    for (int64_t r0 = 0; r0 < R; r0 += 32) {
-      const bool two = r0 + 16 < R;
-      const int64_t rr = std::min<int64_t>(32, R - r0);
-      int64_t lda;
-      const uint8_t* a0 = rows.block(r0, lda);
-      std::fill(acc, acc + 32 * 32, 0.f);
-      for (int64_t gi = 0; gi < G; ++gi) {
-        const int64_t s0 = gi * gl / kk, s1 = gi == G - 1 ? steps : (gi + 1) * gl / kk;
-        T::template zero<0>(), T::template zero<1>(), T::template zero<2>(), T::template zero<3>();
-        for (int64_t s = s0; s < s1; ++s) {
-          T::template load<kTileA>(a0 + s * kk * 2, lda);
-          T::template load<kTileB>(bsrc(0, s), 64);
-          T::template dpbf16ps<0, kTileA, kTileB>();
-          if (nj == 2) T::template load<kTileB + 1>(bsrc(1, s), 64), T::template dpbf16ps<1, kTileA, kTileB + 1>();
-          if (two) {
-            T::template load<kTileA + 1>(a0 + 16 * lda + s * kk * 2, lda);
-            T::template dpbf16ps<2, kTileA + 1, kTileB>();
-            if (nj == 2) T::template dpbf16ps<3, kTileA + 1, kTileB + 1>();
-          }
-        }
-        T::template store<0>(cf, 128), T::template store<1>(cf + 16, 128);
-        if (two) T::template store<2>(cf + 16 * 32, 128), T::template store<3>(cf + 16 * 32 + 16, 128);
-        if constexpr (kFp8) {
-          for (int64_t j = 0; j < nj; ++j) {
-            const float* sc = w.scales.as<float>() + sx(j, gi);
-            for (int64_t r = 0; r < rr; ++r)
-              for (int n = 0; n < 16; ++n) acc[r * 32 + 16 * j + n] = std::fma(cf[r * 32 + 16 * j + n], sc[n], acc[r * 32 + 16 * j + n]);
-          }
-        } else {
-          std::copy(cf, cf + 32 * 32, acc);
+    const auto group = [&](int64_t gi, int64_t, int64_t rr) {
+      if constexpr (!kFp8) {
+        std::copy(cf, cf + 32 * 32, acc);
+      } else {
+        if (gi == 0) std::fill(acc, acc + 32 * 32, 0.f);
+        for (int64_t j = 0; j < nj; ++j) {
+          const float* sc = w.scales.as<float>() + sx(j, gi);
+          for (int64_t r = 0; r < rr; ++r)
+            for (int n = 0; n < 16; ++n) acc[r * 32 + 16 * j + n] = std::fma(cf[r * 32 + 16 * j + n], sc[n], acc[r * 32 + 16 * j + n]);
         }
       }
+    };
+    const auto done = [&](int64_t r0, int64_t rr) {
       for (int64_t r = 0; r < rr; ++r)
         for (int64_t j = 0; j < nj; ++j) {
           const int vc = valid_cols(w, b + j);
           std::copy(acc + r * 32 + 16 * j, acc + r * 32 + 16 * j + vc, c + (r0 + r) * ldc + 16 * (b - b0 + j));
         }
-    }
+    };
+    row_blocks<T, true>(rows, R, G, gl, kk, kk * 2, steps, nj, bsrc, cf, group, done);
   }
   T::release();
 }

@@ -95,58 +95,34 @@ void int_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, con
   float* corr = ar.take<float>(32 * 32);
   IntPairTerms pt{ar.take<float>(G * 32), mins ? ar.take<float>(G * 32) : nullptr, zeros ? ar.take<int32_t>(G * 32) : nullptr};
   const TileRows rows(a.q, a.row_idx, R, Kp, Kt, 1, reinterpret_cast<uint8_t*>(A));
-  const int64_t full = (Kp / 4) / (ka / 4);  // int8: k-steps whose B rows lie inside the panel
   T::configure(tile_config(ka));
   for (int64_t b = b0; b < b1; b += 2) {
     const int64_t nj = std::min<int64_t>(2, b1 - b);
     if constexpr (kInt4) widen_int4(w, e, b, nj, Kt, Bw);
-    else
-      for (int64_t j = 0; j < nj && full < steps; ++j) {  // zero-padded copy of the partial last k-step
-        std::memset(tail + j * brow, 0, size_t(brow));
-        std::memcpy(tail + j * brow, w.panel(e, b + j) + full * brow, size_t((Kp / 4 - full * (ka / 4)) * 64));
-      }
+    const PanelSteps panel(w, e, b, kInt4 ? 0 : nj, brow, tail);
     const auto bsrc = [&](int64_t j, int64_t s) -> const uint8_t* {
       if constexpr (kInt4) return Bw + j * Kt * 16 + s * brow;
-      else return s < full ? w.panel(e, b + j) + s * brow : tail + j * brow;
+      else return panel(j, s);
     };
     pt.fill(w, e, b, nj, G);
-    for (int64_t r0 = 0; r0 < R; r0 += 32) {
-      const bool two = r0 + 16 < R;
-      const int64_t rr = std::min<int64_t>(32, R - r0);
-      int64_t lda;
-      const uint8_t* a0 = rows.block(r0, lda);
-      std::fill(acc, acc + 32 * 32, 0.f);
-      for (int64_t gi = 0; gi < G; ++gi) {
-        const int64_t s0 = gi * gl / ka, s1 = gi == G - 1 ? steps : (gi + 1) * gl / ka;
-        T::template zero<0>(), T::template zero<1>(), T::template zero<2>(), T::template zero<3>();
-        for (int64_t s = s0; s < s1; ++s) {
-          T::template load<kTileA>(a0 + s * ka, lda);
-          T::template load<kTileB>(bsrc(0, s), 64);
-          T::template dpbsud<0, kTileA, kTileB>();
-          if (nj == 2) T::template load<kTileB + 1>(bsrc(1, s), 64), T::template dpbsud<1, kTileA, kTileB + 1>();
-          if (two) {
-            T::template load<kTileA + 1>(a0 + 16 * lda + s * ka, lda);
-            T::template dpbsud<2, kTileA + 1, kTileB>();
-            if (nj == 2) T::template dpbsud<3, kTileA + 1, kTileB + 1>();
-          }
-        }
-        T::template store<0>(ci, 128), T::template store<1>(ci + 16, 128);
-        if (two) T::template store<2>(ci + 16 * 32, 128), T::template store<3>(ci + 16 * 32 + 16, 128);
-        const float* sc = pt.sc + gi * 32;
-        for (int64_t r = 0; r < rr; ++r) {
-          const int32_t as = a.asum[a.row_idx[r0 + r] * G + gi];
-          const int32_t* cr = ci + r * 32;
-          float* ac = acc + r * 32;
-          if (zeros)
-            for (int n = 0; n < 32; ++n) ac[n] = std::fma(float(int32_t(uint32_t(cr[n]) - uint32_t(pt.zp[gi * 32 + n] * as))), sc[n], ac[n]);
-          else
-            for (int n = 0; n < 32; ++n) ac[n] = std::fma(float(int32_t(uint32_t(cr[n]) - uint32_t(zc * as))), sc[n], ac[n]);
-          if (mins) {
-            const float asf = a.asum_f32[a.row_idx[r0 + r] * G + gi];
-            for (int n = 0; n < 32; ++n) ac[n] = std::fma(-pt.mn[gi * 32 + n], asf, ac[n]);
-          }
+    const auto group = [&](int64_t gi, int64_t r0, int64_t rr) {
+      if (gi == 0) std::fill(acc, acc + 32 * 32, 0.f);
+      const float* sc = pt.sc + gi * 32;
+      for (int64_t r = 0; r < rr; ++r) {
+        const int32_t as = a.asum[a.row_idx[r0 + r] * G + gi];
+        const int32_t* cr = ci + r * 32;
+        float* ac = acc + r * 32;
+        if (zeros)
+          for (int n = 0; n < 32; ++n) ac[n] = std::fma(float(int32_t(uint32_t(cr[n]) - uint32_t(pt.zp[gi * 32 + n] * as))), sc[n], ac[n]);
+        else
+          for (int n = 0; n < 32; ++n) ac[n] = std::fma(float(int32_t(uint32_t(cr[n]) - uint32_t(zc * as))), sc[n], ac[n]);
+        if (mins) {
+          const float asf = a.asum_f32[a.row_idx[r0 + r] * G + gi];
+          for (int n = 0; n < 32; ++n) ac[n] = std::fma(-pt.mn[gi * 32 + n], asf, ac[n]);
         }
       }
+    };
+    const auto done = [&](int64_t r0, int64_t rr) {
       for (int64_t r = 0; r < rr; ++r) {
         const int64_t row = a.row_idx[r0 + r];
         if (imins) int_mins_row(w, e, b, nj, a, row, corr + r * 32);
@@ -161,7 +137,8 @@ void int_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, con
             for (int n = 0; n < vc; ++n) out[n] = ac[n] * rs;
         }
       }
-    }
+    };
+    row_blocks<T, false>(rows, R, G, gl, ka, ka, steps, nj, bsrc, ci, group, done);
   }
   T::release();
 }

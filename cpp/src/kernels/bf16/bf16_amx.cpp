@@ -8,14 +8,10 @@
 
 namespace moe_cpu {
 extern const KernelDesc kernel_bf16_avx512bf16;
-namespace {
-void gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  if (a.rows < amx_min_rows()) return kernel_bf16_avx512bf16.gemm(w, e, b0, b1, a, c, ldc);
-  kernels::float_amx_gemm<kernels::AmxTiles, false>(w, e, b0, b1, a, c, ldc);
-}
-}  // namespace
 
 extern const KernelDesc kernel_bf16_amx{
-    "bf16_amx_32x32", Scheme::kBf16, "amx", 32, 32, kFeatAvx512 | kFeatAvx512Bf16 | kFeatAmx, nullptr, gemm};
+    "bf16_amx_32x32", Scheme::kBf16, "amx", 32, 32, kFeatAvx512 | kFeatAvx512Bf16 | kFeatAmx,
+    nullptr,
+    kernels::amx_or_twin<&kernel_bf16_avx512bf16, kernels::float_amx_gemm<kernels::AmxTiles, false>>};
 
 }  // namespace moe_cpu

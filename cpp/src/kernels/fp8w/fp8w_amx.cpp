@@ -11,15 +11,10 @@
 
 namespace moe_cpu {
 extern const KernelDesc kernel_fp8w_avx512vbmi;
-namespace {
-void gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  if (a.rows < amx_min_rows()) return kernel_fp8w_avx512vbmi.gemm(w, e, b0, b1, a, c, ldc);
-  kernels::float_amx_gemm<kernels::AmxTiles, true>(w, e, b0, b1, a, c, ldc);
-}
-}  // namespace
 
 extern const KernelDesc kernel_fp8w_amx{
     "fp8w_amx_32x32", Scheme::kFp8W8A16, "amx", 32, 32, kFeatAvx512 | kFeatAvx512Bf16 | kFeatAvx512Vbmi | kFeatAmx,
-    kernels::groups_aligned<32>, gemm};
+    kernels::groups_aligned<32>,
+    kernels::amx_or_twin<&kernel_fp8w_avx512vbmi, kernels::float_amx_gemm<kernels::AmxTiles, true>>};
 
 }  // namespace moe_cpu

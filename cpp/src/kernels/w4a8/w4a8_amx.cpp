@@ -13,15 +13,11 @@
 
 namespace moe_cpu {
 extern const KernelDesc kernel_w4a8_avx512vnni;
-namespace {
-void gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  if (a.rows < amx_min_rows()) return kernel_w4a8_avx512vnni.gemm(w, e, b0, b1, a, c, ldc);
-  kernels::int_amx_gemm<kernels::AmxTiles, true>(w, e, b0, b1, a, c, ldc);
-}
-}  // namespace
 
 extern const KernelDesc kernel_w4a8_amx{
     "w4a8_amx_32x32", Scheme::kInt4W4A8, "amx", 32, 32, kFeatAvx512 | kFeatAvx512Vnni | kFeatAmx,
-    kernels::groups_aligned<32>, gemm, /*f32_acts=*/false, /*int_mins=*/true, /*int_scales=*/true};
+    kernels::groups_aligned<32>,
+    kernels::amx_or_twin<&kernel_w4a8_avx512vnni, kernels::int_amx_gemm<kernels::AmxTiles, true>>,
+    /*f32_acts=*/false, /*int_mins=*/true, /*int_scales=*/true};
 
 }  // namespace moe_cpu

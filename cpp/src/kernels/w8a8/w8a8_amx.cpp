@@ -10,15 +10,11 @@
 
 namespace moe_cpu {
 extern const KernelDesc kernel_w8a8_avx512vnni;
-namespace {
-void gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  if (a.rows < amx_min_rows()) return kernel_w8a8_avx512vnni.gemm(w, e, b0, b1, a, c, ldc);
-  kernels::int_amx_gemm<kernels::AmxTiles, false>(w, e, b0, b1, a, c, ldc);
-}
-}  // namespace
 
 extern const KernelDesc kernel_w8a8_amx{
     "w8a8_amx_32x32", Scheme::kInt8W8A8, "amx", 32, 32, kFeatAvx512 | kFeatAvx512Vnni | kFeatAmx,
-    kernels::int8_groups_fit<32>, gemm, /*f32_acts=*/false, /*int_mins=*/true};
+    kernels::int8_groups_fit<32>,
+    kernels::amx_or_twin<&kernel_w8a8_avx512vnni, kernels::int_amx_gemm<kernels::AmxTiles, false>>,
+    /*f32_acts=*/false, /*int_mins=*/true};
 
 }  // namespace moe_cpu

@@ -8,8 +8,12 @@
 
 #include "common/numeric.h"
 #include "kernels/amx_tiles.h"
+#if defined(__x86_64__)
+#include "kernels/amx_panels.h"
+#endif
 #include "moe_cpu/cpu_features.h"
 #include "moe_cpu/errors.h"
+#include "moe_cpu/packed_experts.h"
 #include "test_util.h"
 
 namespace moe_cpu {
@@ -89,6 +93,37 @@ TEST(TileModel, Dpbf16psRoundsEachStepAndFlushesDenormals) {
 }
 
 #if defined(__x86_64__)
+// The amx kernels' AVX-512 int4 widening and fp8 decode against the portable versions the model runs.
+TEST(AmxPanels, Avx512WidenAndDecodeMatchThePortableCode) {
+  const uint64_t need = kFeatAvx512 | kFeatAvx512Vbmi;
+  if ((active_features() & need) != need) GTEST_SKIP() << "needs AVX-512 BW and VBMI";
+  auto g = test::rng_for_test();
+  const int8_t iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  for (const int64_t K : {8, 40, 64, 136}) {  // panel rows 1, 5, 8, 17
+    for (const bool codebook : {false, true}) {
+      const int64_t E = 2, N = 40, Kt = (K + 63) / 64 * 64;
+      const auto q = codebook ? test::ints(g, E * N * K, 0, 15) : test::ints(g, E * N * K, -8, 7);
+      const std::vector<float> s(size_t(E * N), 1.f);
+      const PackedExperts p = pack_int4(q.data(), E, N, K, s.data(), -1, nullptr, codebook ? iq4nl : nullptr);
+      std::vector<uint8_t> want(size_t(2 * Kt * 16), 7), got(want.size(), 9);
+      kernels::widen_int4(p, 1, 1, 2, Kt, want.data());
+      kernels::widen_int4_avx512(p, 1, 1, 2, Kt, got.data());
+      ASSERT_EQ(got, want) << "K " << K << (codebook ? " with a codebook" : "");
+    }
+  }
+  for (const int64_t K : {2, 34, 64, 98}) {  // 32, 544, 1024, 1568 codes per panel
+    const int64_t E = 1, N = 20, Kt = (K + 31) / 32 * 32;
+    std::vector<uint8_t> codes;
+    for (const int c : test::ints(g, E * N * K, 0, 255)) codes.push_back(e4m3fn_is_nan(uint8_t(c)) ? 0 : uint8_t(c));
+    const float one = 1.f;
+    const PackedExperts p = pack_fp8(codes.data(), E, N, K, &one, N, K);
+    std::vector<uint16_t> want(size_t(2 * Kt * 16), 7), got(want.size(), 9);
+    kernels::decode_fp8(p, 0, 0, 2, Kt, want.data());
+    kernels::decode_fp8_avx512(p, 0, 0, 2, Kt, got.data());
+    ASSERT_EQ(got, want) << "K " << K;
+  }
+}
+
 // Where the CPU has AMX, the amx kernels take the tiles for every row count in this binary (the
 // GEMM cases have 1 to 257 rows); their AVX-512 twins are tested as kernels of their own.
 const bool kTilesForEveryRowCount = (set_amx_min_rows(1), true);

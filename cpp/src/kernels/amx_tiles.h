@@ -37,6 +37,7 @@ static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
   if constexpr (c == 0) OP(0, 4, 6); else if constexpr (c == 1) OP(1, 4, 7); else if constexpr (c == 2) OP(2, 5, 6); \
   else OP(3, 5, 7)
 struct AmxTiles {
+  static constexpr bool kSimdPanels = true;  // int4 / fp8 B tiles by amx_panels_avx512.cpp
   static void configure(const TileConfig& c) { _tile_loadconfig(&c); }
   static void release() { _tile_release(); }
   template <int t> static void load(const void* p, int64_t stride) {
@@ -72,6 +73,7 @@ struct AmxTiles {
 // Tile registers of the calling thread, as the SDM describes them: 16 rows of 64 bytes each, of which
 // a configured tile uses rows[t] rows of colsb[t] bytes; every write zeroes the rest of the tile.
 struct TileModel {
+  static constexpr bool kSimdPanels = false;  // portable code only
   struct State {
     TileConfig cfg;
     bool valid = false;

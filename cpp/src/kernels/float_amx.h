@@ -11,31 +11,10 @@
 #include <cmath>
 
 #include "common/layout.h"
-#include "common/numeric.h"
+#include "kernels/amx_panels.h"
 #include "kernels/amx_scratch.h"
 
 namespace moe_cpu::kernels {
-
-// bf16 bits of every e4m3fn code (NaN codes are rejected at pack time).
-struct E4m3Bf16Table {
-  uint16_t v[256];
-  E4m3Bf16Table() {
-    for (int i = 0; i < 256; ++i) v[i] = e4m3fn_is_nan(uint8_t(i)) ? 0 : float_to_bf16(e4m3fn_to_float(uint8_t(i)));
-  }
-};
-
-// fp8 panel rows (16 columns x 2 codes per 32 bytes) of blocks [b, b + nj) decoded to bf16 panel rows
-// (64 bytes); rows up to Kt / 2 zero-filled.
-inline void decode_fp8(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, int64_t Kt, uint16_t* dst) {
-  static const E4m3Bf16Table table;
-  const int64_t n = w.padded_k() / 2 * 32;  // codes per panel
-  for (int64_t j = 0; j < nj; ++j) {
-    const uint8_t* src = w.panel(e, b + j);
-    uint16_t* d = dst + j * Kt * 16;
-    for (int64_t i = 0; i < n; ++i) d[i] = table.v[src[i]];
-    std::fill(d + n, d + Kt * 16, uint16_t(0));
-  }
-}
 
 template <class T, bool kFp8>
 void float_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
@@ -55,7 +34,8 @@ void float_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
   T::configure(tile_config(64));
   for (int64_t b = b0; b < b1; b += 2) {
     const int64_t nj = std::min<int64_t>(2, b1 - b);
-    if constexpr (kFp8) decode_fp8(w, e, b, nj, Kt, Bw);
+    if constexpr (kFp8 && T::kSimdPanels) decode_fp8_avx512(w, e, b, nj, Kt, Bw);
+    else if constexpr (kFp8) decode_fp8(w, e, b, nj, Kt, Bw);
     const PanelSteps panel(w, e, b, kFp8 ? 0 : nj, brow, tail);
     const auto bsrc = [&](int64_t j, int64_t s) -> const void* {
       if constexpr (kFp8) return Bw + j * Kt * 16 + s * (brow / 2);

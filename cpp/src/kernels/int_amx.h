@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "common/layout.h"
+#include "kernels/amx_panels.h"
 #include "kernels/amx_scratch.h"
 
 namespace moe_cpu::kernels {
@@ -57,24 +58,6 @@ inline void int_mins_row(const PackedExperts& w, int64_t e, int64_t b, int64_t n
     }
 }
 
-// int4 panel rows (8 k per 64-byte row) of blocks [b, b + nj) widened to the int8 tile layout (4 k per
-// row; the low nibbles give row 2t, the high ones row 2t + 1), mapped through code_table; rows up to
-// Kt / 4 zero-filled.
-inline void widen_int4(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, int64_t Kt, uint8_t* dst) {
-  const int64_t rows = w.padded_k() / 8;
-  for (int64_t j = 0; j < nj; ++j) {
-    const uint8_t* src = w.panel(e, b + j);
-    uint8_t* d = dst + j * Kt * 16;
-    for (int64_t t = 0; t < rows; ++t) {
-      uint8_t* lo = d + 2 * t * 64;
-      for (int i = 0; i < 64; ++i) lo[i] = src[t * 64 + i] & 15, lo[64 + i] = src[t * 64 + i] >> 4;
-      if (w.code_shuffle)
-        for (int i = 0; i < 128; ++i) lo[i] = w.code_table[lo[i]];
-    }
-    std::memset(d + rows * 128, 0, size_t(Kt * 16 - rows * 128));
-  }
-}
-
 template <class T, bool kInt4>
 void int_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
   const int64_t R = a.rows, G = a.G, gl = w.group_len(), Kp = a.Kp;
@@ -98,7 +81,8 @@ void int_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, con
   T::configure(tile_config(ka));
   for (int64_t b = b0; b < b1; b += 2) {
     const int64_t nj = std::min<int64_t>(2, b1 - b);
-    if constexpr (kInt4) widen_int4(w, e, b, nj, Kt, Bw);
+    if constexpr (kInt4 && T::kSimdPanels) widen_int4_avx512(w, e, b, nj, Kt, Bw);
+    else if constexpr (kInt4) widen_int4(w, e, b, nj, Kt, Bw);
     const PanelSteps panel(w, e, b, kInt4 ? 0 : nj, brow, tail);
     const auto bsrc = [&](int64_t j, int64_t s) -> const uint8_t* {
       if constexpr (kInt4) return Bw + j * Kt * 16 + s * brow;

@@ -35,8 +35,11 @@ std::string g_amx_status = "this CPU has no AMX (AMX-TILE, AMX-INT8, AMX-BF16)";
 // XFEATURE_XTILEDATA (18), once per process.
 bool request_tile_data() {
   if (syscall(SYS_arch_prctl, 0x1023, 18) == 0) return true;
+  const int err = errno;
   g_amx_status = std::string("the kernel refused the tile-data permission (arch_prctl ARCH_REQ_XCOMP_PERM: ") +
-                 std::strerror(errno) + "; Linux 5.16 or later grants it)";
+                 std::strerror(err) +
+                 (err == ENOSPC ? "; a thread's sigaltstack is too small for the tile state"
+                                : "; Linux 5.16 or later grants it") + ")";
   return false;
 }
 

@@ -27,6 +27,11 @@ def bf16_dtype() -> np.dtype | None:
     return None if _ml is None else np.dtype(_ml.bfloat16)
 
 
+def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
+    """uint16 bfloat16 bits (or any 2-byte view of them) -> float32 values (exact)."""
+    return (np.asarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> uint16 bfloat16 bits, rounded to nearest even (NaN stays a quiet NaN)."""
     u = np.ascontiguousarray(x, np.float32).view(np.uint32)

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import api
-from ._dtypes import to_bf16_bits
+from ._dtypes import from_bf16_bits, to_bf16_bits
 
 __all__ = ["Router"]
 
@@ -45,7 +45,7 @@ def widen(x: np.ndarray) -> np.ndarray:
     """float32 as is; bf16 (ml_dtypes.bfloat16 or uint16 bits) -> float32 values (exact)."""
     if x.dtype == np.float32:
         return x
-    return (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return from_bf16_bits(x)
 
 
 def round_like(out32: np.ndarray, x: np.ndarray) -> np.ndarray:

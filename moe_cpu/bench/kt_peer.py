@@ -22,7 +22,7 @@ from importlib import metadata
 import numpy as np
 
 from .. import api
-from .._dtypes import to_bf16_bits
+from .._dtypes import from_bf16_bits, to_bf16_bits
 from .peers import numpy_peer
 from .shapes import SHAPES
 from .timing import Routing, timed
@@ -33,10 +33,6 @@ KT = {"int8_w8a8": "AMXInt8_MOE", "int4_w4a8": "AMXInt4_MOE", "bf16": "AMXBF16_M
 OURS = {"int8_w8a8": -1, "int4_w4a8": -1, "bf16": None}   # moe_cpu group_size (-1: per output channel)
 INSTALL = "pip install kt-kernel==0.7.2 --no-deps"
 _ext = []
-
-
-def _f32(bits):
-    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def _rel(a, b):
@@ -177,8 +173,8 @@ def kt_peer(rng, threads, ms=(1, 128, 1024), schemes=tuple(KT), experts=None, mi
     if E < k:
         raise ValueError(f"kt peer: {E} experts is below the top-k of {k}")
     pools = sorted({threads, 1}, reverse=True)
-    w13f = _f32(to_bf16_bits(rng.standard_normal((E, 2 * I, H), dtype=np.float32) * 0.02))  # bf16 values
-    w2f = _f32(to_bf16_bits(rng.standard_normal((E, H, I), dtype=np.float32) * 0.02))
+    w13f = from_bf16_bits(to_bf16_bits(rng.standard_normal((E, 2 * I, H), dtype=np.float32) * 0.02))  # bf16 values
+    w2f = from_bf16_bits(to_bf16_bits(rng.standard_normal((E, H, I), dtype=np.float32) * 0.02))
     gate, up, down = (to_bf16_bits(a) for a in (w13f[:, :I], w13f[:, I:], w2f))
     route, inputs = Routing(rng, E, k), {}
     for M in ms:  # bf16 tokens, random router weights, 64 routings (M = 1: cold experts), a float32 reference
@@ -186,7 +182,7 @@ def kt_peer(rng, threads, ms=(1, 128, 1024), schemes=tuple(KT), experts=None, mi
         tw = rng.random((M, k), dtype=np.float32) + 0.1
         tw /= tw.sum(1, keepdims=True)
         calls = [route.next(M).astype(np.int64) for _ in range(64)]
-        inputs[M] = (x, tw, calls, numpy_peer(_f32(x), w13f, w2f, tw, calls[0]))
+        inputs[M] = (x, tw, calls, numpy_peer(from_bf16_bits(x), w13f, w2f, tw, calls[0]))
     print(f"\nkt-kernel {kv} peer: {info['module']} (kt's pick for this CPU), qwen3-30b-a3b shape with E={E}"
           f"{'' if E == E_model else f' (fewer experts than the model: {E_model})'}; same bf16 weights and routing, "
           "int8 / int4 one scale per output row on both sides")
@@ -202,8 +198,8 @@ def kt_peer(rng, threads, ms=(1, 128, 1024), schemes=tuple(KT), experts=None, mi
         for M in ms:
             x, tw, calls, ref = inputs[M]
             out = np.zeros((M, H), np.uint16)
-            ours = _f32(api.fused_experts(x, p13, p2, tw, calls[0]))
-            theirs = _f32(kts[pools[0]](x, calls[0], tw, out))
+            ours = from_bf16_bits(api.fused_experts(x, p13, p2, tw, calls[0]))
+            theirs = from_bf16_bits(kts[pools[0]](x, calls[0], tw, out))
             fns = [lambda it=itertools.cycle(calls): api.fused_experts(x, p13, p2, tw, next(it))]
             fns += [lambda kt=kt, it=itertools.cycle(calls): kt(x, next(it), tw, out) for kt in kts.values()]
             ts = [[] for _ in fns]

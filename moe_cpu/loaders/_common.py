@@ -13,6 +13,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import api
+from .._dtypes import from_bf16_bits
 from .._core import PackedExperts
 from .config import MoEConfig
 
@@ -122,7 +123,7 @@ def check_expert_ids(experts: Optional[Sequence[int]], E: int) -> Optional[Tuple
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     """uint16 bfloat16 bits -> float32 values (exact)."""
-    return (np.asarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return from_bf16_bits(bits)
 
 
 def resolve_scheme(sources: Sequence[Source], requested: Optional[str], what: str) -> str:

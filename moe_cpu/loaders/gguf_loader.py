@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._dtypes import from_bf16_bits
 from ..forms import IQ4_NL_VALUES, MXFP4_VALUES, UNSIGNED4, mxfp4_scales
 from ._common import LayerWeights, Part, Source, build_experts, check_expert_ids, resolve_pair
 from .config import config_from_gguf
@@ -177,8 +178,7 @@ def _decode(t: Any, row: np.ndarray, N: int, K: int) -> Part:
         _, _, blk, size, dec, _, _ = _QUANT[typ]
         return dec(_Blocks(np.asarray(row, np.uint8).reshape(N, K // blk, size), t.name))
     if typ == "BF16":
-        bits = np.asarray(row).view(np.uint16).reshape(N, K)
-        return Part("float", (bits.astype(np.uint32) << 16).view(np.float32))
+        return Part("float", from_bf16_bits(np.asarray(row).view(np.uint16).reshape(N, K)))
     return Part("float", np.asarray(row, np.float32).reshape(N, K))   # F16 / F32
 
 

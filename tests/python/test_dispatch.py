@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import moe_cpu
+from moe_cpu.bench.peaks import kernel_isa
 
 pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
 
@@ -28,11 +29,6 @@ ALLOWED = {
 }
 
 
-def _kernel_isa(name: str) -> str:
-    """'w4a8_avx512vnni_4x32' -> 'avx512vnni'; 'w4a8_reference' -> 'reference'; 'w4a8_amx_model_32x32' -> 'amx_model'."""
-    return re.fullmatch(r"[a-z0-9]+_([a-z0-9_]+?)(_\d+x\d+)?", name).group(1)
-
-
 def _packed(scheme):
     w = np.random.default_rng(0).standard_normal((2, 64, 128)).astype(np.float32)
     return moe_cpu.quantize_experts(w, scheme)
@@ -40,7 +36,7 @@ def _packed(scheme):
 
 @pytest.mark.parametrize("scheme", moe_cpu.SCHEMES)
 def test_forced_level_is_the_path_taken(scheme):
-    isa = _kernel_isa(_packed(scheme).kernel)
+    isa = kernel_isa(_packed(scheme).kernel)
     assert moe_cpu.cpu_features()["isa"] == LEVEL
     if LEVEL in ALLOWED:
         assert isa in ALLOWED[LEVEL], f"MOE_CPU_ISA={LEVEL} but {scheme} runs {isa}"

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import moe_cpu
+from moe_cpu.bench.peaks import kernel_isa
 from conftest import assert_close, make_input, make_routing, ref
 
 pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
@@ -117,7 +118,7 @@ def test_one_expert_and_k_equal_to_e(rng, E, k):
 
 def int_form_kernel(p):
     """Whether p's kernel takes the integer K-quant forms: the x86 int4 kernels, and int8 on AVX-512 VNNI and AMX."""
-    isa = {k["name"]: k["isa"] for k in moe_cpu._core.registered_kernels()}[p.kernel]
+    isa = kernel_isa(p.kernel)
     amx = ("amx", "amx_model")
     return isa in (("avx512vnni", "avx2", "avx2vnni") + amx if p.scheme == "int4_w4a8" else ("avx512vnni",) + amx)
 

@@ -29,7 +29,7 @@ void float_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
   uint16_t* Bw = kFp8 ? ar.take<uint16_t>(2 * Kt * 16) : nullptr;  // decoded fp8, [2][Kt / 2][32]
   uint8_t* tail = ar.take<uint8_t>(2 * brow);                      // bf16: the last partial k-step of each panel
   float* cf = ar.take<float>(32 * 32);
-  float* acc = ar.take<float>(32 * 32);
+  float* acc = kFp8 ? ar.take<float>(32 * 32) : nullptr;  // fp8: the sum over K-blocks
   const TileRows rows(a.bf16, a.row_idx, R, Kp, Kt, 2, reinterpret_cast<uint8_t*>(A));
   T::configure(tile_config(64));
   for (int64_t b = b0; b < b1; b += 2) {
@@ -42,10 +42,8 @@ void float_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
       else return panel(j, s);
     };
     const ScaleIndex sx(w, e, b, G);
-    const auto group = [&](int64_t gi, int64_t, int64_t rr) {
-      if constexpr (!kFp8) {
-        std::copy(cf, cf + 32 * 32, acc);
-      } else {
+    const auto group = [&](int64_t gi, int64_t, int64_t rr) {  // fp8: scaled into acc (bf16: one group, cf is the sum)
+      if constexpr (kFp8) {
         if (gi == 0) std::fill(acc, acc + 32 * 32, 0.f);
         for (int64_t j = 0; j < nj; ++j) {
           const float* sc = w.scales.as<float>() + sx(j, gi);
@@ -54,11 +52,12 @@ void float_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
         }
       }
     };
+    const float* sum = kFp8 ? acc : cf;
     const auto done = [&](int64_t r0, int64_t rr) {
       for (int64_t r = 0; r < rr; ++r)
         for (int64_t j = 0; j < nj; ++j) {
           const int vc = valid_cols(w, b + j);
-          std::copy(acc + r * 32 + 16 * j, acc + r * 32 + 16 * j + vc, c + (r0 + r) * ldc + 16 * (b - b0 + j));
+          std::copy(sum + r * 32 + 16 * j, sum + r * 32 + 16 * j + vc, c + (r0 + r) * ldc + 16 * (b - b0 + j));
         }
     };
     row_blocks<T, true>(rows, R, G, gl, kk, kk * 2, steps, nj, bsrc, cf, group, done);

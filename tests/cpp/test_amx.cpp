@@ -9,6 +9,8 @@
 #include "common/numeric.h"
 #include "kernels/amx_tiles.h"
 #if defined(__x86_64__)
+#include <dlfcn.h>
+
 #include "kernels/amx_panels.h"
 #endif
 #include "moe_cpu/cpu_features.h"
@@ -128,10 +130,20 @@ TEST(AmxPanels, Avx512WidenAndDecodeMatchThePortableCode) {
 // GEMM cases have 1 to 257 rows); their AVX-512 twins are tested as kernels of their own.
 const bool kTilesForEveryRowCount = (set_amx_min_rows(1), true);
 
+// The SIGILL trap of tests/amx_trap, where this process loaded it (ctest's amx_trap.kernels).
+bool trap_loaded() { return dlsym(RTLD_DEFAULT, "moe_cpu_amx_trap") != nullptr; }
+
 TEST(AmxLevels, AmxStatusExplainsDetection) {
   EXPECT_TRUE(kTilesForEveryRowCount && amx_min_rows() == 1);
   const bool amx = detected_features() & kFeatAmx;
-  EXPECT_EQ(amx, amx_status() == "granted") << amx_status();
+  if (amx_emulated()) {
+    EXPECT_TRUE(amx && trap_loaded());
+    EXPECT_EQ(amx_status().rfind("emulated: ", 0), 0u) << amx_status();
+  } else {
+    EXPECT_EQ(amx, amx_status() == "granted") << amx_status();
+    const uint64_t simd = kFeatAmxKernels & ~uint64_t(kFeatAmx);
+    if (trap_loaded()) EXPECT_TRUE(amx || (detected_features() & simd) != simd) << amx_status();
+  }
   EXPECT_TRUE(detected_features() & kFeatAmxModel);
   EXPECT_FALSE(active_features() & kFeatAmxModel) << "the model is not a dispatch path unless forced";
 }
@@ -156,6 +168,124 @@ TEST(AmxLevels, ForcingLevelsMasksTheTiles) {
     }
   }
   force_isa(level);
+}
+// Each tile instruction form the kernels and the bench use, written out with unusual operands (a
+// RIP-relative config, r12-r15 with SIB scale 2 and 4, 8- and 32-bit displacements, partial shapes),
+// against sums computed here: on real tiles, or decoded and run by the SIGILL trap. Values are exact in
+// every order of summation (bf16: small integers), so the hardware and the trap must both match.
+alignas(64) TileConfig g_trap_cfg;  // static: the asm reads it RIP-relative
+struct TrapCase {
+  uint8_t* a;   // A rows at a + 128 m (7 x 36 bytes), read as 8(r12, r13 = 64, 2)
+  uint8_t* b;   // B rows at b + 96 k (9 x 44 bytes), read as 0x200(r14, r15 = 96, 1)
+  uint8_t* c;   // C's start, rows at c + 64 m (7 x 44 bytes)
+  uint8_t* o;   // the result, stored as 16(o - 16, 16, 4): rows at o + 64 m
+  uint8_t* z;   // tile 1 after tilezero, rows at z + 64 m
+};
+#define MOE_TRAP_RUN(INSN)                                                                                 \
+  [](const TrapCase& t) {                                                                                 \
+    register uint8_t* r12 __asm__("r12") = t.a - 8;                                                       \
+    register int64_t r13 __asm__("r13") = 64;                                                             \
+    register uint8_t* r14 __asm__("r14") = t.b - 0x200;                                                   \
+    register int64_t r15 __asm__("r15") = 96;                                                             \
+    __asm__ volatile("ldtilecfg %[cfg]\n tileloadd 8(%%r12,%%r13,2), %%tmm4\n"                              \
+                     "tileloadd 0x200(%%r14,%%r15,1), %%tmm6\n tileloadd (%[c],%[cs],1), %%tmm0\n"          \
+                     INSN " %%tmm6, %%tmm4, %%tmm0\n tilestored %%tmm0, 16(%[o],%[os],4)\n"                   \
+                     "tilezero %%tmm1\n tilestored %%tmm1, (%[z],%[cs],1)\n tilerelease\n"                    \
+                     : : [cfg] "m"(g_trap_cfg), "r"(r12), "r"(r13), "r"(r14), "r"(r15), [c] "r"(t.c),    \
+                       [cs] "r"(int64_t(64)), [o] "r"(t.o - 16), [os] "r"(int64_t(16)), [z] "r"(t.z)       \
+                     : "memory");                                                                         \
+  }
+
+TEST(AmxTrap, InstructionFormsMatchDirectSums) {
+  if (!trap_loaded() && !(detected_features() & kFeatAmx))
+    GTEST_SKIP() << "no AMX and no SIGILL trap in this process (ctest's amx_trap.kernels loads it)";
+  g_trap_cfg = TileConfig{};
+  for (int t : {0, 1}) g_trap_cfg.rows[t] = 7, g_trap_cfg.colsb[t] = 44;
+  g_trap_cfg.rows[4] = 7, g_trap_cfg.colsb[4] = 36;
+  g_trap_cfg.rows[6] = 9, g_trap_cfg.colsb[6] = 44;
+  auto g = test::rng_for_test();
+  struct Form {
+    const char* name;
+    void (*run)(const TrapCase&);
+    int a_signed, b_signed;  // -1: bf16
+  };
+  const Form forms[] = {{"tdpbssd", MOE_TRAP_RUN("tdpbssd"), 1, 1}, {"tdpbsud", MOE_TRAP_RUN("tdpbsud"), 1, 0},
+                        {"tdpbusd", MOE_TRAP_RUN("tdpbusd"), 0, 1}, {"tdpbuud", MOE_TRAP_RUN("tdpbuud"), 0, 0},
+                        {"tdpbf16ps", MOE_TRAP_RUN("tdpbf16ps"), -1, -1}};
+  for (const Form& f : forms) {
+    const bool bf = f.a_signed < 0;
+    std::vector<uint8_t> a(7 * 128), b(9 * 96), c(7 * 64), o(7 * 64, 0xee), z(7 * 64, 0xee);
+    auto small_bf16 = [&](uint8_t* p) {  // an integer in [-4, 4] as bf16
+      const uint16_t h = float_to_bf16(float(int(g() % 9) - 4));
+      std::memcpy(p, &h, 2);
+    };
+    for (size_t i = 0; i < a.size(); i += 2) {
+      if (bf) small_bf16(&a[i]);
+      else a[i] = uint8_t(g()), a[i + 1] = uint8_t(g());
+    }
+    for (size_t i = 0; i < b.size(); i += 2) {
+      if (bf) small_bf16(&b[i]);
+      else b[i] = uint8_t(g()), b[i + 1] = uint8_t(g());
+    }
+    for (size_t i = 0; i < c.size(); i += 4) {
+      const int32_t v = bf ? 0 : int32_t(g());
+      const float fv = float(int(g() % 100) - 50);
+      bf ? std::memcpy(&c[i], &fv, 4) : std::memcpy(&c[i], &v, 4);
+    }
+    f.run({a.data(), b.data(), c.data(), o.data(), z.data()});
+    for (int m = 0; m < 7; ++m)
+      for (int n = 0; n < 16; ++n) {
+        if (n >= 11) {  // outside the 44 bytes of a row: untouched
+          ASSERT_EQ(o[m * 64 + 4 * n], 0xee) << f.name;
+          ASSERT_EQ(z[m * 64 + 4 * n], 0xee) << f.name;
+          continue;
+        }
+        uint32_t zv;
+        std::memcpy(&zv, &z[m * 64 + 4 * n], 4);
+        ASSERT_EQ(zv, 0u) << f.name << " tilezero";
+        if (bf) {
+          float want, got;
+          std::memcpy(&want, &c[m * 64 + 4 * n], 4);
+          for (int k = 0; k < 9; ++k)
+            for (int i = 0; i < 2; ++i)
+              want += bf16_to_float(uint16_t(a[m * 128 + 4 * k + 2 * i] | a[m * 128 + 4 * k + 2 * i + 1] << 8)) *
+                      bf16_to_float(uint16_t(b[k * 96 + 4 * n + 2 * i] | b[k * 96 + 4 * n + 2 * i + 1] << 8));
+          std::memcpy(&got, &o[m * 64 + 4 * n], 4);
+          ASSERT_EQ(got, want) << f.name << " " << m << "," << n;
+        } else {
+          int32_t c0, got;
+          std::memcpy(&c0, &c[m * 64 + 4 * n], 4);
+          uint32_t want = uint32_t(c0);
+          for (int k = 0; k < 9; ++k)
+            for (int i = 0; i < 4; ++i) {
+              const uint8_t x = a[m * 128 + 4 * k + i], y = b[k * 96 + 4 * n + i];
+              want += uint32_t((f.a_signed ? int32_t(int8_t(x)) : int32_t(x)) * (f.b_signed ? int32_t(int8_t(y)) : int32_t(y)));
+            }
+          std::memcpy(&got, &o[m * 64 + 4 * n], 4);
+          ASSERT_EQ(uint32_t(got), want) << f.name << " " << m << "," << n;
+        }
+      }
+  }
+}
+#undef MOE_TRAP_RUN
+
+// What the SDM makes fault stops the model, as the CPU would stop the process.
+TEST(TileModelDeathTest, FaultsWhereTheSdmDoes) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TileConfig half = partial_config();
+  half.colsb[4] = 0;
+  EXPECT_DEATH(TileModel::configure(half), "ldtilecfg faults: a tile with rows but no bytes per row");
+  TileConfig wide = partial_config();
+  wide.colsb[6] = 68;
+  EXPECT_DEATH(TileModel::configure(wide), "ldtilecfg faults: a tile over 16 rows or 64 bytes");
+  TileConfig k_off = partial_config();
+  k_off.rows[6] = 5;  // A's 24 bytes are 6 dwords: B needs 6 rows
+  EXPECT_DEATH((TileModel::configure(k_off), TileModel::dpbsud<0, 4, 6>()), "tdpbsud faults: tile shapes do not chain");
+  std::vector<uint8_t> buf(16 * 64);
+  EXPECT_DEATH((TileModel::configure(partial_config()), TileModel::release(), TileModel::load<0>(buf.data(), 64)),
+               "tileloadd faults: tiles not configured");
+  EXPECT_DEATH((TileModel::configure(partial_config()), TileModel::dpbf16ps(0, 4, 4)),
+               "tdpbf16ps faults: the three tiles are not distinct");
 }
 #endif
 

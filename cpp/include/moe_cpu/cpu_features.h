@@ -20,6 +20,8 @@ enum CpuFeature : uint64_t {
   kFeatNeonI8mm = 1u << 10,
   kFeatNeonBf16 = 1u << 11,
 };
+// What the AMX kernels need: the tiles, and the AVX-512 their files are compiled for (every AMX CPU has it).
+constexpr uint64_t kFeatAmxKernels = kFeatAvx512 | kFeatAvx512Vnni | kFeatAvx512Bf16 | kFeatAvx512Vbmi | kFeatAmx;
 
 // Features detected on this CPU (never masked).
 uint64_t detected_features();
@@ -34,8 +36,11 @@ void force_isa(const std::string& isa);
 // The current ISA level name ("native" unless forced).
 std::string forced_isa();
 // "granted" when dispatch may use AMX, else why not (no AMX in CPUID, the OS does not save the tile
-// state, or the kernel refused the tile-data permission).
+// state, or the kernel refused the tile-data permission); "emulated: ..." where the CPU lacks AMX and the
+// test library tests/amx_trap (a SIGILL handler that runs each tile instruction on the scalar tile model)
+// is loaded: then kFeatAmx is set, the amx kernels run their real code, and no speed means anything.
 std::string amx_status();
+bool amx_emulated();
 // Rows an expert needs before the AMX kernels use the tiles; with fewer, their AVX-512 twins run (the
 // int schemes give the same bits either way). Set by set_amx_min_rows, else MOE_CPU_AMX_MIN_ROWS (a
 // positive integer, read once; ValueError else), else kAmxMinRows.

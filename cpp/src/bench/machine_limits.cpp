@@ -250,6 +250,8 @@ double instruction_peak_tops(const std::string& name, int threads, double second
       for (const auto& n : feature_names(missing)) names += (names.empty() ? "" : ", ") + n;
       throw ValueError(msg("peak of ", l.insn.what, ": this CPU lacks ", names));
     }
+    if ((l.insn.features & kFeatAmx) && amx_emulated())
+      throw ValueError(msg("peak of ", l.insn.what, ": the tiles are emulated here (", amx_status(), ")"));
     if (threads < 1) throw ValueError(msg("threads = ", threads, " must be >= 1"));
     return iter_rate(l.loop, threads, seconds) * l.per_iter * l.insn.ops / 1e12;
   }

@@ -9,6 +9,7 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
+#include <dlfcn.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -43,6 +44,23 @@ bool request_tile_data() {
   return false;
 }
 
+// The test library tests/amx_trap exports moe_cpu_amx_trap() (what it is) once its SIGILL handler is in.
+bool g_amx_emulated = false;
+uint64_t amx_trap(uint64_t f) {
+  using Describe = const char* (*)();
+  const auto describe = reinterpret_cast<Describe>(dlsym(RTLD_DEFAULT, "moe_cpu_amx_trap"));
+  const char* what = describe ? describe() : nullptr;
+  if (!what) return 0;
+  const uint64_t simd = kFeatAmxKernels & ~uint64_t(kFeatAmx);
+  if ((f & simd) != simd) {
+    g_amx_status += "; the AMX trap library is loaded, but the AMX kernels also need AVX-512 VNNI, BF16 and VBMI";
+    return 0;
+  }
+  g_amx_emulated = true;
+  g_amx_status = std::string("emulated: ") + what;
+  return kFeatAmx;
+}
+
 uint64_t detect() {
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
@@ -68,6 +86,7 @@ uint64_t detect() {
     if (!os_amx) g_amx_status = "the OS does not save the tile state (XCR0 bits 17-18 clear)";
     else if (request_tile_data()) f |= kFeatAmx, g_amx_status = "granted";
   }
+  if (!(f & kFeatAmx)) f |= amx_trap(f);
   return f | kFeatAmxModel;
 }
 #elif defined(__aarch64__) && defined(__linux__)
@@ -84,6 +103,7 @@ uint64_t detect() { return 0; }
 #endif
 #if !defined(__x86_64__) && !defined(_M_X64)
 const std::string g_amx_status = "AMX is an x86-64 feature";
+const bool g_amx_emulated = false;
 #endif
 
 struct Level { const char* name; uint64_t mask; };
@@ -184,6 +204,11 @@ std::string forced_isa() {
 std::string amx_status() {
   detected_features();
   return g_amx_status;
+}
+
+bool amx_emulated() {
+  detected_features();
+  return g_amx_emulated;
 }
 
 namespace {

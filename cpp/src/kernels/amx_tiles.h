@@ -8,6 +8,8 @@
 // (int8: signed A bytes x unsigned B bytes, int32 sums) and dpbf16ps (bf16 pairs, fp32 sums).
 #pragma once
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)
@@ -36,17 +38,21 @@ static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
   static_assert(c == 2 * (a - 4) + (b - 6) && a >= 4 && a <= 5 && b >= 6 && b <= 7, "C(ra, j) = A(4 + ra) x B(6 + j)"); \
   if constexpr (c == 0) OP(0, 4, 6); else if constexpr (c == 1) OP(1, 4, 7); else if constexpr (c == 2) OP(2, 5, 6); \
   else OP(3, 5, 7)
+// GCC 12's _tile_loadconfig tells the compiler that ldtilecfg reads 8 bytes, and _tile_loadd that tileloadd
+// reads no memory: the stores of the config's colsb were dropped as dead, and stores to a tile's source
+// could move past the load. So configure, load and store are asm here with the whole 64-byte operand or
+// a memory clobber; the dot products touch no memory.
 struct AmxTiles {
   static constexpr bool kSimdPanels = true;  // int4 / fp8 B tiles by amx_panels_avx512.cpp
-  static void configure(const TileConfig& c) { _tile_loadconfig(&c); }
+  static void configure(const TileConfig& c) { __asm__ volatile("ldtilecfg %0" : : "m"(c)); }
   static void release() { _tile_release(); }
   template <int t> static void load(const void* p, int64_t stride) {
-#define MOE_OP(n) _tile_loadd(n, p, stride)
+#define MOE_OP(n) __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #n : : "r"(p), "r"(stride) : "memory")
     MOE_TILE_EACH(t, MOE_OP);
 #undef MOE_OP
   }
   template <int t> static void store(void* p, int64_t stride) {
-#define MOE_OP(n) _tile_stored(n, p, stride)
+#define MOE_OP(n) __asm__ volatile("tilestored %%tmm" #n ", (%0,%1,1)" : : "r"(p), "r"(stride) : "memory")
     MOE_TILE_EACH(t, MOE_OP);
 #undef MOE_OP
   }
@@ -71,7 +77,10 @@ struct AmxTiles {
 #endif
 
 // Tile registers of the calling thread, as the SDM describes them: 16 rows of 64 bytes each, of which
-// a configured tile uses rows[t] rows of colsb[t] bytes; every write zeroes the rest of the tile.
+// a configured tile uses rows[t] rows of colsb[t] bytes; every write zeroes the rest of the tile. The
+// operations take the tile numbers at run time too (the SIGILL emulator, tests/amx_trap, decodes them).
+// What the SDM makes fault (#GP for a bad tile config, #UD for tiles not configured or dot products
+// whose shapes do not chain) stops the process with a message, as the CPU would.
 struct TileModel {
   static constexpr bool kSimdPanels = false;  // portable code only
   struct State {
@@ -83,15 +92,37 @@ struct TileModel {
     thread_local State st;
     return st;
   }
+  [[noreturn]] static void fault(const char* insn, const char* why) {
+    std::fprintf(stderr, "moe_cpu tile model: %s faults: %s\n", insn, why);
+    std::abort();
+  }
+  // LDTILECFG: palette 0 leaves the tiles unconfigured; palette 1 takes 8 tiles of at most 16 rows x 64
+  // bytes, a tile with zero rows or bytes has both zero, the reserved bytes and tiles 8-15 are zero.
   static void configure(const TileConfig& c) {
+    if (c.palette > 1) fault("ldtilecfg", "palette > 1");
+    for (uint8_t r : c.reserved)
+      if (r) fault("ldtilecfg", "reserved bytes 2-15 not zero");
+    for (int t = 0; t < 16; ++t) {
+      if (t >= 8 && (c.rows[t] || c.colsb[t])) fault("ldtilecfg", "tiles 8-15 configured (palette 1 has 8)");
+      if (c.rows[t] > 16 || c.colsb[t] > 64) fault("ldtilecfg", "a tile over 16 rows or 64 bytes per row");
+      if (!c.rows[t] != !c.colsb[t]) fault("ldtilecfg", "a tile with rows but no bytes per row, or the reverse");
+      if (c.palette == 0 && (c.rows[t] || c.colsb[t])) fault("ldtilecfg", "palette 0 with tile shapes");
+    }
     State& st = s();
     st.cfg = c;
-    st.valid = true;
+    st.valid = c.palette == 1;
     std::memset(st.reg, 0, sizeof st.reg);  // ldtilecfg zeroes the tiles
   }
-  static void release() { s().valid = false; }
+  static void release() {
+    s().valid = false;
+    std::memset(s().reg, 0, sizeof s().reg);
+  }
   static int rows(int t) { return s().cfg.rows[t]; }
   static int colsb(int t) { return s().cfg.colsb[t]; }
+  static void need(const char* insn, int t) {
+    if (!s().valid) fault(insn, "tiles not configured (no ldtilecfg, or tilerelease since)");
+    if (t < 0 || t > 7 || !rows(t)) fault(insn, "the tile is not configured");
+  }
   // write_row_and_zero / zero_upper_rows: row m of tile t from `row` (colsb bytes), the rest zeroed.
   static void write_row(int t, int m, const void* row) {
     std::memset(s().reg[t][m], 0, 64);
@@ -100,20 +131,33 @@ struct TileModel {
   static void zero_upper_rows(int t) {
     for (int m = rows(t); m < 16; ++m) std::memset(s().reg[t][m], 0, 64);
   }
-  template <int t> static void load(const void* p, int64_t stride) {
+  static void load(int t, const void* p, int64_t stride) {
+    need("tileloadd", t);
     for (int m = 0; m < rows(t); ++m) write_row(t, m, static_cast<const uint8_t*>(p) + m * stride);
     zero_upper_rows(t);
   }
-  template <int t> static void store(void* p, int64_t stride) {
+  static void store(int t, void* p, int64_t stride) {
+    need("tilestored", t);
     for (int m = 0; m < rows(t); ++m) std::memcpy(static_cast<uint8_t*>(p) + m * stride, s().reg[t][m], size_t(colsb(t)));
   }
-  template <int t> static void zero() { std::memset(s().reg[t], 0, sizeof s().reg[t]); }
+  static void zero(int t) {  // the whole register, configured shape or not
+    if (!s().valid) fault("tilezero", "tiles not configured");
+    std::memset(s().reg[t], 0, sizeof s().reg[t]);
+  }
+  template <int t> static void load(const void* p, int64_t stride) { load(t, p, stride); }
+  template <int t> static void store(void* p, int64_t stride) { store(t, p, stride); }
+  template <int t> static void zero() { zero(t); }
 
   // The loop of every tile dot product in the SDM: for each row m of dst, tmp := dst.row[m]; for
   // k < a.colsb / 4 and n < dst.colsb / 4, cell(tmp[n], the 4 bytes a.row[m].dword[k], b.row[k].dword[n]);
-  // then write_row_and_zero(dst, m, tmp) and zero_upper_rows(dst). Cell is int32 or fp32.
-  template <int c, int a, int b, class Cell, class F>
-  static void each_dot(F&& cell) {
+  // then write_row_and_zero(dst, m, tmp) and zero_upper_rows(dst). Cell is int32 or fp32. The shapes
+  // must chain (dst rows = a rows, a bytes = 4 x b rows, dst bytes = b bytes) and the tiles differ.
+  template <class Cell, class F>
+  static void each_dot(const char* insn, int c, int a, int b, F&& cell) {
+    need(insn, c), need(insn, a), need(insn, b);
+    if (c == a || c == b || a == b) fault(insn, "the three tiles are not distinct");
+    if (rows(c) != rows(a) || colsb(a) != 4 * rows(b) || colsb(c) != colsb(b) || colsb(c) % 4 || colsb(a) % 4)
+      fault(insn, "tile shapes do not chain: dst rows != src1 rows, src1 bytes != 4 x src2 rows or dst bytes != src2 bytes");
     State& st = s();
     for (int m = 0; m < rows(c); ++m) {
       Cell tmp[16];
@@ -125,14 +169,19 @@ struct TileModel {
     zero_upper_rows(c);
   }
 
-  // TDPBSUD: tmp.dword[n] += sum over the 4 bytes i of SIGN_EXTEND(a byte i) * ZERO_EXTEND(b byte i) (int32, wrapping).
-  template <int c, int a, int b> static void dpbsud() {
-    each_dot<c, a, b, uint32_t>([](uint32_t& t, const uint8_t* x, const uint8_t* y) {
+  // TDPB[SU][SU]D: tmp.dword[n] += sum over the 4 bytes i of EXTEND(a byte i) * EXTEND(b byte i) (int32,
+  // wrapping), each byte sign- or zero-extended as the name says (the kernels use SU).
+  template <bool a_signed, bool b_signed>
+  static void dpb(const char* insn, int c, int a, int b) {
+    each_dot<uint32_t>(insn, c, a, b, [](uint32_t& t, const uint8_t* x, const uint8_t* y) {
       int32_t dot = 0;
-      for (int i = 0; i < 4; ++i) dot += int32_t(int8_t(x[i])) * int32_t(y[i]);
+      for (int i = 0; i < 4; ++i)
+        dot += (a_signed ? int32_t(int8_t(x[i])) : int32_t(x[i])) * (b_signed ? int32_t(int8_t(y[i])) : int32_t(y[i]));
       t += uint32_t(dot);
     });
   }
+  static void dpbsud(int c, int a, int b) { dpb<true, false>("tdpbsud", c, a, b); }
+  template <int c, int a, int b> static void dpbsud() { dpbsud(c, a, b); }
 
   // make_fp32 of a bf16 input with DAZ (denormal inputs read as zero); outputs flushed likewise.
   static float bf16_daz(const uint8_t* p) {
@@ -153,11 +202,12 @@ struct TileModel {
   }
   // TDPBF16PS: tmp.fp32[n] += a.bf16[2k] * b.bf16[2n], then += a.bf16[2k+1] * b.bf16[2n+1], each operation
   // rounded to nearest even with DAZ and FTZ.
-  template <int c, int a, int b> static void dpbf16ps() {
-    each_dot<c, a, b, float>([](float& t, const uint8_t* x, const uint8_t* y) {
+  static void dpbf16ps(int c, int a, int b) {
+    each_dot<float>("tdpbf16ps", c, a, b, [](float& t, const uint8_t* x, const uint8_t* y) {
       for (int i = 0; i < 2; ++i) t = ftz(t + ftz(bf16_daz(x + 2 * i) * bf16_daz(y + 2 * i)));
     });
   }
+  template <int c, int a, int b> static void dpbf16ps() { dpbf16ps(c, a, b); }
 };
 
 }  // namespace moe_cpu::kernels

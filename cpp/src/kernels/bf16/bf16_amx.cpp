@@ -2,7 +2,8 @@
 // amx_min_rows() rows; fewer go to bf16_avx512bf16 (fp32 sums in another order: float_amx.h).
 // Tile: 32 rows x 32 columns (4 C tiles), K step 32.
 // Packed weights: common/layout.h bf16 panels, read in place as B tiles.
-// Needs: AMX-TILE, AMX-BF16 with the tile state granted by the OS; AVX512_BF16 for the twin. Limits: any M, N, K.
+// Needs: kFeatAmxKernels (AMX-TILE, INT8, BF16 with the tile state granted; AVX-512 VNNI, BF16, VBMI).
+// Limits: any M, N, K.
 #include "kernels/float_amx.h"
 #include "moe_cpu/cpu_features.h"
 
@@ -10,7 +11,7 @@ namespace moe_cpu {
 extern const KernelDesc kernel_bf16_avx512bf16;
 
 extern const KernelDesc kernel_bf16_amx{
-    "bf16_amx_32x32", Scheme::kBf16, "amx", 32, 32, kFeatAvx512 | kFeatAvx512Bf16 | kFeatAmx,
+    "bf16_amx_32x32", Scheme::kBf16, "amx", 32, 32, kFeatAmxKernels,
     nullptr,
     kernels::amx_or_twin<&kernel_bf16_avx512bf16, kernels::float_amx_gemm<kernels::AmxTiles, false>>};
 

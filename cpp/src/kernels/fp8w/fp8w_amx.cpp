@@ -3,7 +3,7 @@
 // amx_min_rows() rows; fewer go to fp8w_avx512vbmi (fp32 sums in another order: float_amx.h).
 // Tile: 32 rows x 32 columns (4 C tiles), K step 32; each K-block's sum times its block scale.
 // Packed weights: common/layout.h fp8 panels.
-// Needs: AMX-TILE, AMX-BF16 with the tile state granted by the OS; AVX512_BF16 + VBMI for the twin.
+// Needs: kFeatAmxKernels (AMX-TILE, INT8, BF16 with the tile state granted; AVX-512 VNNI, BF16, VBMI).
 // Limits: block_k a multiple of 32 (or one K-block).
 #include "kernels/float_amx.h"
 #include "kernels/limits.h"
@@ -13,7 +13,7 @@ namespace moe_cpu {
 extern const KernelDesc kernel_fp8w_avx512vbmi;
 
 extern const KernelDesc kernel_fp8w_amx{
-    "fp8w_amx_32x32", Scheme::kFp8W8A16, "amx", 32, 32, kFeatAvx512 | kFeatAvx512Bf16 | kFeatAvx512Vbmi | kFeatAmx,
+    "fp8w_amx_32x32", Scheme::kFp8W8A16, "amx", 32, 32, kFeatAmxKernels,
     kernels::groups_aligned<32>,
     kernels::amx_or_twin<&kernel_fp8w_avx512vbmi, kernels::float_amx_gemm<kernels::AmxTiles, true>>};
 

@@ -5,7 +5,7 @@
 // Tile: 32 rows x 32 columns (4 C tiles), K step 64 (32 with groups of 32).
 // Packed weights: common/layout.h int4 panels, widened to one byte per code (through code_table) in a
 // scratch per column pair and call.
-// Needs: AMX-TILE, AMX-INT8 with the tile state granted by the OS; AVX512 VNNI for the twin.
+// Needs: kFeatAmxKernels (AMX-TILE, INT8, BF16 with the tile state granted; AVX-512 VNNI, BF16, VBMI).
 // Limits: groups a multiple of 32 (or per channel).
 #include "kernels/int_amx.h"
 #include "kernels/limits.h"
@@ -15,7 +15,7 @@ namespace moe_cpu {
 extern const KernelDesc kernel_w4a8_avx512vnni;
 
 extern const KernelDesc kernel_w4a8_amx{
-    "w4a8_amx_32x32", Scheme::kInt4W4A8, "amx", 32, 32, kFeatAvx512 | kFeatAvx512Vnni | kFeatAmx,
+    "w4a8_amx_32x32", Scheme::kInt4W4A8, "amx", 32, 32, kFeatAmxKernels,
     kernels::groups_aligned<32>,
     kernels::amx_or_twin<&kernel_w4a8_avx512vnni, kernels::int_amx_gemm<kernels::AmxTiles, true>>,
     /*f32_acts=*/false, /*int_mins=*/true, /*int_scales=*/true};

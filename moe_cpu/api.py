@@ -370,8 +370,8 @@ def get_scratch_limit() -> int:
 
 def cpu_features() -> dict:
     """What the CPU has and what dispatch uses: ``{"detected": [...], "active": [...],
-    "isa": forced level, "kernels": {scheme: kernel name chosen now}, "amx": "granted" or why AMX is
-    not used, "amx_min_rows": rows an expert needs before the AMX kernels use tiles}``."""
+    "isa": forced level, "kernels": {scheme: kernel name chosen now}, "amx": "granted", why AMX is
+    not used, or "emulated: ..." under the tests' SIGILL trap (tests/amx_trap; not a speed path), "amx_min_rows": rows an expert needs before the AMX kernels use tiles}``."""
     return {
         "detected": list(_core.detected_features()),
         "active": list(_core.active_features()),

@@ -43,16 +43,27 @@ import moe_cpu
 f = set(moe_cpu.cpu_features()['detected'])
 print(' '.join(['native'] + [l for l, need in (('amx', 'amx'), ('avx512', 'avx512'), ('avx512_novbmi', 'avx512_vbmi'), ('avx2vnni', 'avx_vnni'), ('avx2', 'avx2'), ('amx_model', 'amx_model'), ('neon', 'neon')) if need in f] + ['reference']))")
 # AMX: the level amx runs where the CPU has it and the OS granted the tile state (moe-cpu info says why not);
-# amx_model (the AMX kernels on the scalar tile model) runs on every x86 host.
+# amx_model (the AMX kernels' template on the scalar tile model) runs on every x86 host.
 if lscpu 2>/dev/null | grep -qw amx_int8 && ! grep -qw amx <<<"$LEVELS"; then
   echo "note: lscpu lists amx_int8 but dispatch may not use it: $(cd tests && python3 -c 'import moe_cpu; print(moe_cpu.cpu_features()["amx"])')"
+fi
+# Without AMX, the level amx still runs the amx kernels' own code where the CPU has the AVX-512 they need:
+# tests/amx_trap (built with the C++ tests) is preloaded, and its SIGILL handler runs each tile
+# instruction on the scalar tile model ("amx~trap" below).
+TRAP=$PWD/build/ctest/libmoe_cpu_amx_trap.so
+if ! grep -qw amx <<<"$LEVELS" && [ -f "$TRAP" ]; then
+  why=$(cd tests && LD_PRELOAD=$TRAP python3 -c 'import moe_cpu; print(moe_cpu.cpu_features()["amx"])')
+  if [[ $why == emulated:* ]]; then LEVELS="$LEVELS amx~trap"; else echo "note: no amx level here: $why"; fi
 fi
 for level in $LEVELS; do
   if [ "$level" = native ]; then select=(); else select=(-m isa); fi
   rows=${MOE_CPU_AMX_MIN_ROWS:-}
+  preload=${LD_PRELOAD:-}
+  if [ "$level" = amx~trap ]; then level=amx preload=$TRAP; fi
   if [ "$level" = amx ]; then rows=1; fi  # every expert on the tiles (native keeps the default crossover)
-  echo "== pytest, MOE_CPU_ISA=$level ${select[*]}${rows:+ MOE_CPU_AMX_MIN_ROWS=$rows}"
-  (cd tests && MOE_CPU_ISA=$level MOE_CPU_AMX_MIN_ROWS=$rows python3 -m pytest -q -p no:cacheprovider "${select[@]}" python)
+  echo "== pytest, MOE_CPU_ISA=$level ${select[*]}${rows:+ MOE_CPU_AMX_MIN_ROWS=$rows}${preload:+ LD_PRELOAD=$preload}"
+  (cd tests && LD_PRELOAD=$preload MOE_CPU_ISA=$level MOE_CPU_AMX_MIN_ROWS=$rows \
+    python3 -m pytest -q -p no:cacheprovider "${select[@]}" python)
 done
 # The DLPack import hands producers' memory to the core: run its tests against an ASan + UBSan build of
 # the extension (its own build dir and target; LD_PRELOAD puts the sanitizer runtimes before Python's).

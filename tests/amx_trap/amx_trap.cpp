@@ -120,7 +120,9 @@ bool execute(const Insn& in) {
   return false;
 }
 
-void on_sigill(int sig, siginfo_t*, void* ctx) {
+struct sigaction g_prev {};  // the handler before ours: it gets every SIGILL that is not a decoded AMX one
+
+void on_sigill(int sig, siginfo_t* info, void* ctx) {
   auto* uc = static_cast<ucontext_t*>(ctx);
   greg_t* g = uc->uc_mcontext.gregs;
   Insn in;
@@ -130,20 +132,29 @@ void on_sigill(int sig, siginfo_t*, void* ctx) {
   }
   static const char kMsg[] = "moe_cpu amx_trap: SIGILL at an instruction that is not a decoded AMX one\n";
   (void)!write(2, kMsg, sizeof kMsg - 1);
+  if ((g_prev.sa_flags & SA_SIGINFO) && g_prev.sa_sigaction) return g_prev.sa_sigaction(sig, info, ctx);
+  if (g_prev.sa_handler != SIG_DFL && g_prev.sa_handler != SIG_IGN) return g_prev.sa_handler(sig);
   signal(sig, SIG_DFL);  // returning re-executes it and dies as it would without this library
 }
 
-bool g_installed = [] {
-  struct sigaction sa {};
+// Puts the handler on top (again: Python's faulthandler, enabled by pytest, replaces it), keeping the
+// previous one for the SIGILLs that are not AMX instructions.
+bool install() {
+  struct sigaction sa {}, old {};
   sa.sa_sigaction = on_sigill;
   sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
-  return sigaction(SIGILL, &sa, nullptr) == 0;
-}();
+  if (sigaction(SIGILL, &sa, &old) != 0) return false;
+  if (old.sa_sigaction != on_sigill) g_prev = old;
+  return true;
+}
+
+const bool g_installed = install();
 
 }  // namespace
 
+// Called by moe_cpu's feature detection (once per process, at its first dispatch).
 extern "C" __attribute__((visibility("default"))) const char* moe_cpu_amx_trap() {
-  return g_installed ? "the tests' SIGILL trap (tests/amx_trap) runs each tile instruction on the scalar tile model"
+  return g_installed && install() ? "the tests' SIGILL trap (tests/amx_trap) runs each tile instruction on the scalar tile model"
                      : nullptr;
 }

@@ -63,7 +63,8 @@ def test_forced_level_is_the_path_taken(scheme):
 def test_amx_levels_and_status():
     f = moe_cpu.cpu_features()
     assert f["amx_min_rows"] >= 1
-    assert ("amx" in DETECTED) == (f["amx"] == "granted"), f["amx"]
+    # "emulated: ..." where tests/amx_trap's SIGILL handler is preloaded (scripts/test.sh, CPUs without AMX)
+    assert ("amx" in DETECTED) == (f["amx"] == "granted" or f["amx"].startswith("emulated: ")), f["amx"]
     if platform.machine() in ("x86_64", "AMD64"):
         assert "amx_model" in DETECTED and ("amx_model" in f["active"]) == (LEVEL == "amx_model")
     if LEVEL in ("avx512", "avx512_novbmi"):

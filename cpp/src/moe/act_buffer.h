@@ -138,6 +138,23 @@ struct ActBuffer {
     }
     if (imins) std::fill(asum16.begin() + row * G2 + G, asum16.begin() + (row + 1) * G2, int16_t(0));  // whole runs
   }
+  // Rows [0, R) are rows idx[0..R) of `src` (reset for the same weights), every per-row array copied.
+  void copy_rows(const ActBuffer& src, const int32_t* idx, int64_t R) {
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t i = idx[r];
+      if (int_scheme) {
+        std::memcpy(q.data() + r * Kp, src.q.data() + i * Kp, size_t(Kp));
+        s[size_t(r)] = src.s[size_t(i)];
+        std::memcpy(asum.data() + r * G, src.asum.data() + i * G, size_t(G) * sizeof(int32_t));
+        if (mins) std::memcpy(asum_f32.data() + r * G, src.asum_f32.data() + i * G, size_t(G) * sizeof(float));
+        if (imins) std::memcpy(asum16.data() + r * G2, src.asum16.data() + i * G2, size_t(G2) * sizeof(int16_t));
+      } else if (f32) {
+        std::memcpy(f.data() + r * Kp, src.f.data() + i * Kp, size_t(Kp) * sizeof(float));
+      } else {
+        std::memcpy(b.data() + r * Kp, src.b.data() + i * Kp, size_t(Kp) * sizeof(uint16_t));
+      }
+    }
+  }
   ActRows view(const int32_t* row_idx, int64_t rows) const {
     ActRows a;
     a.rows = rows, a.Kp = Kp, a.row_idx = row_idx, a.G = G;

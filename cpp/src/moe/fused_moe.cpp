@@ -18,6 +18,7 @@
 #include "dispatch/registry.h"
 #include "moe/act_buffer.h"
 #include "moe/activations.h"
+#include "moe_cpu/cpu_features.h"
 #include "moe_cpu/errors.h"
 
 namespace moe_cpu {
@@ -135,6 +136,20 @@ float* worker_buffer(int64_t n, int slot = 0) {
 
 constexpr int64_t kPieceBytes = 192 << 10;  // a GEMM1 piece's gate + up tile stays in L2
 
+// GEMM1's rows of one task in expert order, for a kernel that would copy scattered rows on each call
+// (KernelDesc::gathers_rows: once per piece and gate / up); the view reads this worker's copy.
+ActRows task_rows(const PackedExperts& w, const ActBuffer& src, const int32_t* idx, int64_t R) {
+  bool consecutive = true;
+  for (int64_t r = 1; r < R && consecutive; ++r) consecutive = idx[r] == idx[0] + r;
+  if (!w.kernel->gathers_rows || R < amx_min_rows() || consecutive) return src.view(idx, R);
+  thread_local ActBuffer rows;
+  thread_local std::vector<int32_t> iota;
+  rows.reset(w, R);
+  rows.copy_rows(src, idx, R);
+  for (int64_t r = int64_t(iota.size()); r < R; ++r) iota.push_back(int32_t(r));
+  return rows.view(iota.data(), R);
+}
+
 // GEMM1 with the activation and GEMM2's activation quantization in its epilogue, as (expert,
 // activation column tile) tasks. A task computes the gate and up columns of its tile in pieces
 // that fit L2, adds the bias and applies the activation to each piece. bf16 / fp8: it writes the
@@ -154,7 +169,7 @@ void run_gemm1(const FusedMoeArgs& a, const std::vector<int64_t>& begin, const A
   parallel_for(int64_t(tasks.size()), [&](int64_t i) {
     const Task& t = tasks[size_t(i)];
     const int64_t p0 = begin[size_t(t.e)], R = begin[size_t(t.e + 1)] - p0, ti = t.b0 / T;
-    const ActRows rows = a1.view(a1_idx + p0, R);
+    const ActRows rows = task_rows(w, a1, a1_idx + p0, R);
     const float* bias = a.w13_bias ? a.w13_bias + t.e * N1 : nullptr;
     const int64_t n_end = std::min(I, 16 * t.b1);
     const int64_t piece = std::max<int64_t>(64, kPieceBytes / (8 * R) / 64 * 64);

@@ -15,6 +15,7 @@ extern const KernelDesc kernel_fp8w_avx512vbmi;
 extern const KernelDesc kernel_fp8w_amx{
     "fp8w_amx_32x32", Scheme::kFp8W8A16, "amx", 32, 32, kFeatAmxKernels,
     kernels::groups_aligned<32>,
-    kernels::amx_or_twin<&kernel_fp8w_avx512vbmi, kernels::float_amx_gemm<kernels::AmxTiles, true>>};
+    kernels::amx_or_twin<&kernel_fp8w_avx512vbmi, kernels::float_amx_gemm<kernels::AmxTiles, true>>,
+    /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/false, /*gathers_rows=*/true};
 
 }  // namespace moe_cpu

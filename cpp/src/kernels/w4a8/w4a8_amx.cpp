@@ -18,6 +18,7 @@ extern const KernelDesc kernel_w4a8_amx{
     "w4a8_amx_32x32", Scheme::kInt4W4A8, "amx", 32, 32, kFeatAmxKernels,
     kernels::groups_aligned<32>,
     kernels::amx_or_twin<&kernel_w4a8_avx512vnni, kernels::int_amx_gemm<kernels::AmxTiles, true>>,
-    /*f32_acts=*/false, /*int_mins=*/true, /*int_scales=*/true};
+    /*f32_acts=*/false, /*int_mins=*/true, /*int_scales=*/true,
+    /*gathers_rows=*/true};
 
 }  // namespace moe_cpu

@@ -60,8 +60,7 @@ for level in $LEVELS; do
   rows=${MOE_CPU_AMX_MIN_ROWS:-}
   preload=${LD_PRELOAD:-}
   if [ "$level" = amx~trap ]; then level=amx preload=$TRAP; fi
-  # every expert on the tiles, and GEMM1's rows gathered per task for them (native keeps the default crossover)
-  if [ "$level" = amx ] || [ "$level" = amx_model ]; then rows=1; fi
+  if [ "$level" = amx ]; then rows=1; fi  # every expert on the tiles (native keeps the default crossover)
   echo "== pytest, MOE_CPU_ISA=$level ${select[*]}${rows:+ MOE_CPU_AMX_MIN_ROWS=$rows}${preload:+ LD_PRELOAD=$preload}"
   (cd tests && LD_PRELOAD=$preload MOE_CPU_ISA=$level MOE_CPU_AMX_MIN_ROWS=$rows \
     python3 -m pytest -q -p no:cacheprovider "${select[@]}" python)

@@ -42,9 +42,9 @@ struct KernelDesc {
   bool f32_acts = false;  // bf16 / fp8: reads ActRows::f32 (broadcast fp32), not the bf16 bits
   bool int_mins = false;  // int schemes: takes PackedExperts' integer mins (and ActRows::asum16)
   bool int_scales = false;  // int4: takes PackedExperts' integer scales
-  // Copies the rows of a view whose row_idx are not consecutive on every call (the AMX kernels' A
-  // tiles, once they take the tiles: amx_min_rows()); the pipeline gathers GEMM1's rows once per task.
-  bool gathers_rows = false;
+  // Whether a call with this many rows copies the rows of a view whose row_idx are not consecutive (the
+  // AMX kernels' A tiles; nullptr: never); the pipeline then gathers GEMM1's rows once per task.
+  bool (*gathers_rows)(int64_t rows) = nullptr;
 };
 
 // Best registered kernel for `w` (scheme and shape set) under the active features; the

@@ -159,10 +159,12 @@ void row_blocks(const TileRows& rows, int64_t R, int64_t G, int64_t gl, int64_t 
 }
 
 // The per-expert choice of an AMX kernel: experts with fewer than amx_min_rows() rows go to its AVX-512
-// twin (same packed layout), the rest to the tiles.
+// twin (same packed layout), the rest to the tiles (which gather scattered rows: KernelDesc::gathers_rows).
+inline bool amx_takes_tiles(int64_t rows) { return rows >= amx_min_rows(); }
+inline bool model_takes_tiles(int64_t) { return true; }  // the _amx_model kernels have no twin
 template <const KernelDesc* kTwin, void (*kTiles)(const PackedExperts&, int64_t, int64_t, int64_t, const ActRows&, float*, int64_t)>
 void amx_or_twin(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  if (a.rows < amx_min_rows()) return kTwin->gemm(w, e, b0, b1, a, c, ldc);
+  if (!amx_takes_tiles(a.rows)) return kTwin->gemm(w, e, b0, b1, a, c, ldc);
   kTiles(w, e, b0, b1, a, c, ldc);
 }
 

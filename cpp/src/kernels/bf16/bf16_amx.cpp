@@ -14,6 +14,6 @@ extern const KernelDesc kernel_bf16_amx{
     "bf16_amx_32x32", Scheme::kBf16, "amx", 32, 32, kFeatAmxKernels,
     nullptr,
     kernels::amx_or_twin<&kernel_bf16_avx512bf16, kernels::float_amx_gemm<kernels::AmxTiles, false>>,
-    /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/false, /*gathers_rows=*/true};
+    /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/false, /*gathers_rows=*/kernels::amx_takes_tiles};
 
 }  // namespace moe_cpu

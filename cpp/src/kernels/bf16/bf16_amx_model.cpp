@@ -9,6 +9,6 @@ namespace moe_cpu {
 extern const KernelDesc kernel_bf16_amx_model{
     "bf16_amx_model_32x32", Scheme::kBf16, "amx_model", 32, 32, kFeatAmxModel, nullptr,
     kernels::float_amx_gemm<kernels::TileModel, false>, /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/false,
-    /*gathers_rows=*/true};
+    /*gathers_rows=*/kernels::model_takes_tiles};
 
 }  // namespace moe_cpu

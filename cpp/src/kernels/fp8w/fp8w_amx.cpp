@@ -16,6 +16,6 @@ extern const KernelDesc kernel_fp8w_amx{
     "fp8w_amx_32x32", Scheme::kFp8W8A16, "amx", 32, 32, kFeatAmxKernels,
     kernels::groups_aligned<32>,
     kernels::amx_or_twin<&kernel_fp8w_avx512vbmi, kernels::float_amx_gemm<kernels::AmxTiles, true>>,
-    /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/false, /*gathers_rows=*/true};
+    /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/false, /*gathers_rows=*/kernels::amx_takes_tiles};
 
 }  // namespace moe_cpu

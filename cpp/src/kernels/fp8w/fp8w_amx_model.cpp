@@ -10,6 +10,6 @@ namespace moe_cpu {
 extern const KernelDesc kernel_fp8w_amx_model{
     "fp8w_amx_model_32x32", Scheme::kFp8W8A16, "amx_model", 32, 32, kFeatAmxModel, kernels::groups_aligned<32>,
     kernels::float_amx_gemm<kernels::TileModel, true>, /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/false,
-    /*gathers_rows=*/true};
+    /*gathers_rows=*/kernels::model_takes_tiles};
 
 }  // namespace moe_cpu

@@ -19,6 +19,6 @@ extern const KernelDesc kernel_w4a8_amx{
     kernels::groups_aligned<32>,
     kernels::amx_or_twin<&kernel_w4a8_avx512vnni, kernels::int_amx_gemm<kernels::AmxTiles, true>>,
     /*f32_acts=*/false, /*int_mins=*/true, /*int_scales=*/true,
-    /*gathers_rows=*/true};
+    /*gathers_rows=*/kernels::amx_takes_tiles};
 
 }  // namespace moe_cpu

@@ -11,6 +11,6 @@ extern const KernelDesc kernel_w4a8_amx_model{
     "w4a8_amx_model_32x32", Scheme::kInt4W4A8, "amx_model", 32, 32, kFeatAmxModel,
     kernels::groups_aligned<32>, kernels::int_amx_gemm<kernels::TileModel, true>, /*f32_acts=*/false,
     /*int_mins=*/true, /*int_scales=*/true,
-    /*gathers_rows=*/true};
+    /*gathers_rows=*/kernels::model_takes_tiles};
 
 }  // namespace moe_cpu

@@ -15,6 +15,6 @@ extern const KernelDesc kernel_w8a8_amx{
     "w8a8_amx_32x32", Scheme::kInt8W8A8, "amx", 32, 32, kFeatAmxKernels,
     kernels::int8_groups_fit<32>,
     kernels::amx_or_twin<&kernel_w8a8_avx512vnni, kernels::int_amx_gemm<kernels::AmxTiles, false>>,
-    /*f32_acts=*/false, /*int_mins=*/true, /*int_scales=*/false, /*gathers_rows=*/true};
+    /*f32_acts=*/false, /*int_mins=*/true, /*int_scales=*/false, /*gathers_rows=*/kernels::amx_takes_tiles};
 
 }  // namespace moe_cpu

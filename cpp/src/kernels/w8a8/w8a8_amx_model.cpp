@@ -10,6 +10,6 @@ namespace moe_cpu {
 extern const KernelDesc kernel_w8a8_amx_model{
     "w8a8_amx_model_32x32", Scheme::kInt8W8A8, "amx_model", 32, 32, kFeatAmxModel,
     kernels::int8_groups_fit<32>, kernels::int_amx_gemm<kernels::TileModel, false>, /*f32_acts=*/false,
-    /*int_mins=*/true, /*int_scales=*/false, /*gathers_rows=*/true};
+    /*int_mins=*/true, /*int_scales=*/false, /*gathers_rows=*/kernels::model_takes_tiles};
 
 }  // namespace moe_cpu

@@ -7,13 +7,14 @@
 // AMX peaks issue 26 measured on a Xeon (per core: 6.9 TOPS int8, 3.5 TFLOPS bf16). One thread, one
 // Qwen3-30B-A3B expert (H 2048, I 768) at R rows: GEMM1 in fused_moe.cpp's L2 pieces, GEMM2 in one call.
 // The estimate brackets the tile kernel: max(touch, tiles) if the AMX unit overlaps the rest, touch + tiles
-// if not. Built by CMake on x86 as moe_cpu_amx_skeleton; run: build/moe_cpu_amx_skeleton [reps]
+// if not. Where AMX is active (not under tests/amx_trap), a last column times the real tiles. Built by CMake on x86 as moe_cpu_amx_skeleton; run: build/moe_cpu_amx_skeleton [reps] [scheme substring]
 #include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -34,9 +35,8 @@ namespace {
 
 int64_t g_dots = 0, g_dot_bytes = 0;  // tile dot products, and the K bytes of their A tiles
 kernels::TileConfig g_cfg;              // the configured tile shapes
-__m512i g_sink;
 
-template <bool kTouch>
+template <bool kTouch, bool kCount = false>
 struct StandIn {
   static constexpr bool kSimdPanels = true;
   static void configure(const kernels::TileConfig& c) { g_cfg = c; }
@@ -45,9 +45,10 @@ struct StandIn {
     if constexpr (kTouch) {
       const uint8_t* b = static_cast<const uint8_t*>(p);
       const __mmask64 m = g_cfg.colsb[t] >= 64 ? ~0ull : (1ull << g_cfg.colsb[t]) - 1;
-      __m512i x = g_sink;
-      for (int r = 0; r < g_cfg.rows[t]; ++r) x = _mm512_xor_si512(x, _mm512_maskz_loadu_epi8(m, b + r * stride));
-      g_sink = x;
+      for (int r = 0; r < g_cfg.rows[t]; ++r) {  // independent loads (no chain through a sum)
+        const __m512i x = _mm512_maskz_loadu_epi8(m, b + r * stride);
+        __asm__ volatile("" : : "v"(x));
+      }
     }
   }
   template <int t> static void store(void* p, int64_t stride) {
@@ -55,8 +56,12 @@ struct StandIn {
       for (int r = 0; r < g_cfg.rows[t]; ++r) _mm512_storeu_si512(static_cast<uint8_t*>(p) + r * stride, _mm512_setzero_si512());
   }
   template <int t> static void zero() {}
-  template <int c, int a, int b> static void dpbsud() { ++g_dots, g_dot_bytes += g_cfg.colsb[a]; }
-  template <int c, int a, int b> static void dpbf16ps() { ++g_dots, g_dot_bytes += g_cfg.colsb[a]; }
+  template <int c, int a, int b> static void dpbsud() {
+    if constexpr (kCount) ++g_dots, g_dot_bytes += g_cfg.colsb[a];
+  }
+  template <int c, int a, int b> static void dpbf16ps() {
+    if constexpr (kCount) ++g_dots, g_dot_bytes += g_cfg.colsb[a];
+  }
 };
 
 using Gemm = void (*)(const PackedExperts&, int64_t, int64_t, int64_t, const ActRows&, float*, int64_t);
@@ -66,8 +71,20 @@ struct Case {
   Scheme scheme;
   int64_t group;  // int: group size (-1 per channel); fp8: block_k
   const KernelDesc* twin;
-  Gemm null_gemm, touch_gemm;
+  Gemm null_gemm, touch_gemm, count_gemm, amx_gemm;
 };
+
+// The kernel of int_amx.h (kInt; kFlag: int4) or float_amx.h (kFlag: fp8) on backend T.
+template <bool kInt, bool kFlag, class T>
+constexpr Gemm gemm_on() {
+  if constexpr (kInt) return kernels::int_amx_gemm<T, kFlag>;
+  else return kernels::float_amx_gemm<T, kFlag>;
+}
+template <bool kInt, bool kFlag>
+Case make_case(const char* name, Scheme scheme, int64_t group, const KernelDesc* twin) {
+  return {name, scheme, group, twin, gemm_on<kInt, kFlag, StandIn<false>>(), gemm_on<kInt, kFlag, StandIn<true>>(),
+          gemm_on<kInt, kFlag, StandIn<false, true>>(), gemm_on<kInt, kFlag, kernels::AmxTiles>()};
+}
 
 struct Expert {
   PackedExperts w13, w2;
@@ -134,47 +151,47 @@ int main(int argc, char** argv) {
     std::printf("amx_skeleton: needs the AVX-512 the AMX files are compiled for (VNNI, BF16, VBMI)\n");
     return 0;
   }
-  using kernels::float_amx_gemm;
-  using kernels::int_amx_gemm;
   const Case cases[] = {
-      {"int8 per channel", Scheme::kInt8W8A8, -1, &kernel_w8a8_avx512vnni, int_amx_gemm<StandIn<false>, false>,
-       int_amx_gemm<StandIn<true>, false>},
-      {"int4 g128", Scheme::kInt4W4A8, 128, &kernel_w4a8_avx512vnni, int_amx_gemm<StandIn<false>, true>,
-       int_amx_gemm<StandIn<true>, true>},
-      {"int4 g32", Scheme::kInt4W4A8, 32, &kernel_w4a8_avx512vnni, int_amx_gemm<StandIn<false>, true>,
-       int_amx_gemm<StandIn<true>, true>},
-      {"int4 per channel", Scheme::kInt4W4A8, -1, &kernel_w4a8_avx512vnni, int_amx_gemm<StandIn<false>, true>,
-       int_amx_gemm<StandIn<true>, true>},
-      {"bf16", Scheme::kBf16, -1, &kernel_bf16_avx512bf16, float_amx_gemm<StandIn<false>, false>,
-       float_amx_gemm<StandIn<true>, false>},
-      {"fp8 block 128", Scheme::kFp8W8A16, 128, &kernel_fp8w_avx512vbmi, float_amx_gemm<StandIn<false>, true>,
-       float_amx_gemm<StandIn<true>, true>},
+      make_case<true, false>("int8 per channel", Scheme::kInt8W8A8, -1, &kernel_w8a8_avx512vnni),
+      make_case<true, true>("int4 g128", Scheme::kInt4W4A8, 128, &kernel_w4a8_avx512vnni),
+      make_case<true, true>("int4 g32", Scheme::kInt4W4A8, 32, &kernel_w4a8_avx512vnni),
+      make_case<true, true>("int4 per channel", Scheme::kInt4W4A8, -1, &kernel_w4a8_avx512vnni),
+      make_case<false, false>("bf16", Scheme::kBf16, -1, &kernel_bf16_avx512bf16),
+      make_case<false, true>("fp8 block 128", Scheme::kFp8W8A16, 128, &kernel_fp8w_avx512vbmi),
   };
+  // Real tiles where AMX is active (not under tests/amx_trap, whose tiles are far too slow to time).
+  const bool real = (active_features() & kFeatAmx) && !amx_emulated();
   const int64_t H = 2048, I = 768;
   std::printf("one Qwen3-30B-A3B expert (H %lld, I %lld), one thread, best of %d; ms per expert call\n", (long long)H,
               (long long)I, reps);
-  std::printf("%-17s %4s %8s %8s %8s %8s %7s  %-22s %s\n", "scheme", "R", "avx512", "null", "touch", "tiles@pk",
-              "dots", "est. tile kernel (ms)", "est. speedup over avx512");
+  std::printf("%-17s %4s %8s %8s %8s %8s %7s  %-22s %s%s\n", "scheme", "R", "avx512", "null", "touch", "tiles@pk", "dots",
+              "est. tile kernel (ms)", "est. speedup over avx512", real ? "  amx (real tiles)" : "");
   std::mt19937 g(26);
   std::vector<float> out;
   for (const Case& c : cases) {
+    if (argc > 2 && !std::strstr(c.name, argv[2])) continue;
     for (const int64_t R : {32, 64, 128, 256}) {
       Expert x{make_weights(c, 2 * I, H, g), make_weights(c, H, I, g), {}, {}};
       x.a1 = make_acts(x.w13, R, g), x.a2 = make_acts(x.w2, R, g);
       const double twin = best_of(x, R, c.twin->gemm, reps, out);
       g_dots = g_dot_bytes = 0;
-      run_expert(x, R, c.null_gemm, out);
+      run_expert(x, R, c.count_gemm, out);
       const int64_t dots = g_dots, bytes = g_dot_bytes;
       const double null = best_of(x, R, c.null_gemm, reps, out), touch = best_of(x, R, c.touch_gemm, reps, out);
       // ops of the dot products at the issue's per-core peaks (a dot: 16 x 16 x colsb of A, 2 ops a MAC)
       const bool fl = c.scheme == Scheme::kBf16 || c.scheme == Scheme::kFp8W8A16;
       const double ops = 2.0 * 16 * 16 * double(bytes) / (fl ? 2 : 1), tiles = ops / (fl ? 3.5e12 : 6.9e12);
       const double lo = std::max(touch, tiles), hi = touch + tiles;
-      std::printf("%-17s %4lld %8.3f %8.3f %8.3f %8.3f %7lld  %6.3f - %-13.3f %.1f - %.1fx\n", c.name, (long long)R,
-                  twin * 1e3, null * 1e3, touch * 1e3, tiles * 1e3, (long long)dots, lo * 1e3, hi * 1e3, twin / hi,
-                  twin / lo);
+      char est[32], up[32];
+      std::snprintf(est, sizeof est, "%.3f - %.3f", lo * 1e3, hi * 1e3);
+      std::snprintf(up, sizeof up, "%.1f - %.1fx", twin / hi, twin / lo);
+      std::printf("%-17s %4lld %8.3f %8.3f %8.3f %8.3f %7lld  %-22s %-*s", c.name, (long long)R, twin * 1e3, null * 1e3,
+                  touch * 1e3, tiles * 1e3, (long long)dots, est, real ? 24 : 0, up);
+      if (real) {
+        const double amx = best_of(x, R, c.amx_gemm, reps, out);
+        std::printf(" %8.3f ms, %.1fx", amx * 1e3, twin / amx);
+      }
+      std::printf("\n");
     }
   }
-  volatile int sink = _mm512_reduce_add_epi32(g_sink);
-  (void)sink;
 }

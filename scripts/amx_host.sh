@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What issue 26 needs from a host with AMX (an Intel Xeon, or a lent device machine), in one go, logs under
-# $OUT (default amx_out/): lscpu, the GoogleTest suite (the amx kernels on real tiles at every row count), pytest's
+# $OUT (default amx_out/): lscpu, the GoogleTest suite (the amx kernels on real tiles at every row count), the
+# skeleton bench (bench/amx_skeleton.cpp: its estimates beside the real tiles, one core), pytest's
 # `isa` tests at MOE_CPU_ISA=amx with every expert on the tiles, `moe-cpu info`, and the bench: %roof per M, the
 # AMX crossover, and kt-kernel where it is installed (pip install kt-kernel==0.7.2 --no-deps).
 #   bash scripts/amx_host.sh
@@ -29,3 +30,5 @@ step "pytest -m isa at amx, every expert on the tiles -> pytest_amx.txt" bash -c
   python3 -m pytest -q -p no:cacheprovider -m isa python > '$OUT/pytest_amx.txt' 2>&1; tail -n 1 '$OUT/pytest_amx.txt'"
 step "bench -> bench.txt, bench/bench_moe.json" bash -c "python3 -m moe_cpu bench --shapes $SHAPES --m $MS --schemes $SCHEMES \
   --no-peers --kt-peer --amx-crossover --out '$OUT/bench' > '$OUT/bench.txt' 2>&1; grep -E 'machine:|crossover:|kt-kernel' '$OUT/bench.txt'"
+step "skeleton bench, one core -> skeleton.txt" bash -c "OMP_NUM_THREADS=1 ../build/amx/moe_cpu_amx_skeleton 7 > '$OUT/skeleton.txt' 2>&1; \
+  cat '$OUT/skeleton.txt'"

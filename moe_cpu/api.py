@@ -213,7 +213,8 @@ def fused_experts(hidden_states: np.ndarray, w13: PackedExperts, w2: PackedExper
         topk_ids: int32 or int64 ``[M, k]``; ids < 0 are skipped, ids >= E raise.
         activation: one of ``ACTIVATIONS`` (or a ``MoEActivation``).
         apply_router_weight_on_input: scale each (token, expert) input row before quantization.
-        w13_bias, w2_bias: float32 ``[E, 2I]`` and ``[E, H]``, added before the activation / router weight.
+        w13_bias, w2_bias: float32 ``[E, 2I]`` and ``[E, H]``, added before the activation / router weight;
+            the rows of the experts routed to must be finite (ValueError).
         expert_map: int32 ``[E_global]``, global id -> local id or -1 (ids are then global).
         out: optional output ``[M, H]`` of the input dtype.
         inplace: write the result into ``hidden_states``.

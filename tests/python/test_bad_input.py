@@ -46,6 +46,8 @@ CASES = [
     ("E_mismatch", "mc.fused_experts(x, w13, mc.quantize_experts(w2f[:2].copy(), 'int4_w4a8', 32), tw, ti)", ValueError, ["experts"]),
     ("bad_activation", "mc.fused_experts(x, w13, w2, tw, ti, activation='relu')", ValueError, ["activation", "relu"]),
     ("bias_shape", "mc.fused_experts(x, w13, w2, tw, ti, w13_bias=np.zeros((E, I), np.float32))", ValueError, ["w13_bias"]),
+    ("w13_bias_nan", "b = np.zeros((E, 2 * I), np.float32); b[2, 5] = np.nan; mc.fused_experts(x, w13, w2, tw, ti, w13_bias=b)", ValueError, ["w13_bias[2, 5] = nan", "finite"]),
+    ("w2_bias_inf", "b = np.zeros((E, H), np.float32); b[3, 63] = -np.inf; mc.fused_experts(x, w13b, mc.quantize_experts(w2f, 'bf16'), tw, ti, w2_bias=b)", ValueError, ["w2_bias[3, 63] = -inf", "finite"]),
     ("expert_map_value", "mc.fused_experts(x, w13, w2, tw, ti, expert_map=np.array([0, 1, 2, 9], np.int32))", ValueError, ["expert_map[3] = 9"]),
     ("expert_map_dtype", "mc.fused_experts(x, w13, w2, tw, ti, expert_map=np.arange(4))", TypeError, ["expert_map", "int32"]),
     ("out_shape", "mc.fused_experts(x, w13, w2, tw, ti, out=np.zeros((M, H + 1), np.float32))", ValueError, ["out"]),

@@ -109,6 +109,24 @@ def test_biases(rng, name, activation):
     run_case(rng, name, E=E, H=H, I=I, M=4, k=2, activation=activation, w13_bias=b13, w2_bias=b2)
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_biases_of_unrouted_experts_are_not_read(rng, name):
+    """Non-finite biases raise only for the experts a call routes to (test_bad_input covers those): an
+    expert no token uses may hold NaN / inf biases, and the result is the reference's with finite ones."""
+    H, I = _shape(name)
+    E = 3
+    b13 = rng.standard_normal((E, 2 * I)).astype(np.float32)
+    b2 = rng.standard_normal((E, H)).astype(np.float32)
+    b13[2, :] = np.nan
+    b2[2, ::2] = np.inf
+    ids = np.array([[0, 1], [1, -1], [1, 0], [-1, 0]], np.int32)   # expert 2 is never routed to
+    got, _ = run_case(rng, name, E=E, H=H, I=I, M=4, k=2, ids=ids, w13_bias=b13, w2_bias=b2)
+    assert np.isfinite(np.asarray(got, np.float32)).all()
+    with pytest.raises(ValueError, match=r"w13_bias\[2, 0\] = nan"):
+        ids[3, 0] = 2
+        run_case(rng, name, E=E, H=H, I=I, M=4, k=2, ids=ids, w13_bias=b13, w2_bias=b2)
+
+
 @pytest.mark.parametrize("activation", ["silu", "swigluoai"])
 @pytest.mark.parametrize("name", ANY_K)
 def test_gemm1_epilogue_pieces(rng, name, activation):

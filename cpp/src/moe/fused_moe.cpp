@@ -133,6 +133,17 @@ float* worker_buffer(int64_t n, int slot = 0) {
   return buf[slot].data();
 }
 
+// 1 when x is inf or NaN (exponent bits all ones): an integer test that vectorizes.
+inline uint32_t non_finite(float x) { return uint32_t((float_to_bits(x) & 0x7f800000u) == 0x7f800000u); }
+
+// A bias is checked where a task adds it (only routed experts' biases are read): this names the first
+// non-finite value of expert e's row (n values).
+[[noreturn]] void bad_bias(const char* name, const float* row, int64_t n, int64_t e) {
+  int64_t i = 0;
+  while (i + 1 < n && std::isfinite(row[i])) ++i;
+  throw ValueError(msg(name, "[", e, ", ", i, "] = ", row[i], " is not finite (expert ", e, " is routed to)"));
+}
+
 constexpr int64_t kPieceBytes = 192 << 10;  // a GEMM1 piece's gate + up tile stays in L2
 
 // GEMM1's rows of one task in expert order, for a kernel that would copy scattered rows on each call
@@ -190,6 +201,11 @@ void run_gemm1(const FusedMoeArgs& a, const std::vector<int64_t>& begin, const A
         g = worker_buffer(R * ld, 1), u = g + gw + (I + s0 - 16 * ub0);
         w.kernel->gemm(w, t.e, gb0, gb1, rows, g, ld);
         w.kernel->gemm(w, t.e, ub0, ub1, rows, g + gw, ld);
+      }
+      if (bias) {
+        uint32_t bad = 0;
+        for (int64_t j = 0; j < n; ++j) bad |= non_finite(bias[gc0 + j * st]) | non_finite(bias[uc0 + j * st]);
+        if (bad) bad_bias("w13_bias", bias, N1, t.e);
       }
       for (int64_t r = 0; r < R; ++r) {
         float *gr = g + r * ld, *ur = u + r * ld;
@@ -312,8 +328,13 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   run_gemm(w2, begin, g2, iota.data(), c2, [&](int64_t e, int64_t p, float* y, int64_t n0, int64_t n1) {
     const float wr = a.apply_router_weight_on_input ? 1.f : a.topk_weights[m0 * k + slot_of[size_t(p)]];
     const float* bias = a.w2_bias ? a.w2_bias + e * H : nullptr;
-    if (bias) for (int64_t n = n0; n < n1; ++n) y[n] = (y[n] + bias[n]) * wr;
-    else for (int64_t n = n0; n < n1; ++n) y[n] *= wr;
+    if (bias) {
+      uint32_t bad = 0;
+      for (int64_t n = n0; n < n1; ++n) y[n] = (y[n] + bias[n]) * wr, bad |= non_finite(bias[n]);
+      if (bad) bad_bias("w2_bias", bias, H, e);
+    } else {
+      for (int64_t n = n0; n < n1; ++n) y[n] *= wr;
+    }
   });
   // 5. Per token: its rows summed over j in order, rounded once.
   parallel_for(m1 - m0, [&](int64_t r) {

@@ -69,6 +69,8 @@ CASES = [
     ("route_nan", "l = np.zeros((2, 4), np.float32); l[1, 2] = np.nan; mc.select_experts(l, 2)", ValueError, ["router_logits[1, 2]"]),
     ("route_groups", "mc.select_experts(np.zeros((2, 6), np.float32), 2, use_grouped_topk=True, num_expert_group=4, topk_group=1)", ValueError, ["num_expert_group = 4"]),
     ("route_float64", "mc.select_experts(np.zeros((2, 4)), 2)", TypeError, ["router_logits", "float32"]),
+    ("align_E_past_int32", "mc.moe_align_block_size(ti, 2**31, 4)", ValueError, ["num_experts = 2147483648"]),
+    ("align_block_past_int32", "mc.moe_align_block_size(ti, 4, 2**40)", ValueError, ["num_tokens_post_pad", "block_size = 1099511627776", "int32"]),
     ("dyn_I2", "mc.dynamic_4bit_int_moe(x, ti, tw, w13, w2, H, I, 2 * I + 1, 32, False, 0)", ValueError, ["I2"]),
     ("dyn_kind", "mc.dynamic_4bit_int_moe(x, ti, tw, w13, w2, H, I, 2 * I, 32, False, 3)", ValueError, ["activation_kind = 3"]),
     ("dyn_group", "mc.dynamic_4bit_int_moe(x, ti, tw, w13, w2, H, I, 2 * I, 64, False, 0)", ValueError, ["group_size"]),

@@ -116,6 +116,16 @@ def test_align_by_hand():
     np.testing.assert_array_equal(expert_ids[:n // 2], [0, 2, 2])
 
 
+def test_align_num_experts_past_the_largest_id_adds_nothing():
+    """Experts with no rows have no blocks, so a num_experts up to int32's limit costs nothing more."""
+    ids = np.int32([[2, 0], [2, -1], [0, 2]])
+    want = moe_cpu.moe_align_block_size(ids, 3, 2)
+    got = moe_cpu.moe_align_block_size(ids, 2**31 - 1, 2)
+    assert got[2] == want[2] == 6
+    np.testing.assert_array_equal(got[0][:6], want[0][:6])
+    np.testing.assert_array_equal(got[1][:3], want[1][:3])
+
+
 @pytest.mark.parametrize("M,E,k,bs", [(1, 4, 2, 4), (37, 8, 2, 16), (64, 16, 4, 8), (5, 3, 3, 1), (0, 4, 2, 4)])
 def test_align_vs_reference(rng, M, E, k, bs):
     ids = np.argsort(rng.random((M, E)), axis=1)[:, :k].astype(np.int32)

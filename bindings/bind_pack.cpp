@@ -77,7 +77,7 @@ py::array codes_array(const PackedExperts& p) {
 py::array scales_array(const PackedExperts& p, bool mins = false) {
   const bool fp8 = p.scheme == Scheme::kFp8W8A16;
   const int64_t E = p.num_experts, G = p.num_groups(), step = fp8 ? p.block_n : 1;
-  const int64_t rows = (p.out_features + step - 1) / step;
+  const int64_t rows = ceil_div(p.out_features, step);
   py::array_t<float> s({E, rows, G});
   float* d = s.mutable_data();
   for (int64_t e = 0; e < E; ++e)
@@ -246,7 +246,7 @@ void bind_pack(py::module_& m) {
     auto s = array_arg(s_h, "scale_inv", {ElemType::kF32}, 3);
     if (bn < 1 || bk < 1)
       throw ValueError(msg("block_size = (", bn, ", ", bk, ") must be two positive integers"));
-    require_shape(s, "scale_inv", {E, (N + bn - 1) / bn, (K + bk - 1) / bk}, "[E, ceil(N/bn), ceil(K/bk)]");
+    require_shape(s, "scale_inv", {E, ceil_div(N, bn), ceil_div(K, bk)}, "[E, ceil(N/bn), ceil(K/bk)]");
     py::gil_scoped_release nogil;
     return share(pack_fp8(static_cast<const uint8_t*>(w.data()), E, N, K, static_cast<const float*>(s.data()), bn, bk));
   }, py::arg("weight"), py::arg("scale_inv"), py::arg("block_n"), py::arg("block_k"));

@@ -347,7 +347,10 @@ def load_packed(path: "str | os.PathLike[str]", mmap: bool = True, verify: bool 
 
 
 def set_num_threads(n: int) -> None:
-    """Set the number of OpenMP threads used by every call (default: OpenMP's default)."""
+    """Set the number of OpenMP threads used by every call (default: OpenMP's default).
+
+    ``n`` must be in [1, 1024], or up to the machine's processor count where that is larger (ValueError).
+    """
     _core.set_num_threads(_int_arg(n, "n"))
 
 

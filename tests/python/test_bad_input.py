@@ -77,6 +77,8 @@ CASES = [
     ("dyn_scheme", "mc.dynamic_4bit_int_moe(x, ti, tw, w13b, w2, H, I, 2 * I, 32, False, 0)", ValueError, ["int4_w4a8"]),
     ("shared_E", "mc.shared_expert(x, w13, w2, x.copy())", ValueError, ["num_experts == 1"]),
     ("threads", "mc.set_num_threads(0)", ValueError, ["num_threads"]),
+    ("threads_too_many", "mc.set_num_threads(10**6)", ValueError, ["num_threads = 1000000", "[1, "]),
+    ("threads_past_int", "mc.set_num_threads(2**40)", ValueError, ["num_threads = 1099511627776"]),
     ("scratch", "mc.set_scratch_limit(0)", ValueError, ["scratch limit"]),
     ("force_isa", "mc.force_isa('avx9000')", ValueError, ["avx9000"]),
 ]

@@ -271,6 +271,30 @@ def test_quantize_experts_bit_exact(rng, scheme, group, block):
         np.testing.assert_array_equal(got["weight"], ref.quantize_bf16(w))
 
 
+@pytest.mark.parametrize("block", [(2**40, 2**40), (2**63 - 1, 2**63 - 1), (2**63 - 1, 64)])
+def test_fp8_blocks_past_the_dimensions_are_one_block(rng, block):
+    """A block larger than N or K covers it whole, up to int64's limit (ceil(N / bn) once overflowed to 0
+    blocks: all-zero weights); against the reference quantized with the equivalent block."""
+    E, H, I, M, k = 3, 96, 80, 5, 2
+    w13, w2 = float_weights(rng, E, 2 * I, H), float_weights(rng, E, H, I)
+    packed, refs = [], []
+    for w in (w13, w2):
+        N, K = w.shape[1:]
+        eq = (N, min(block[1], K))
+        got = moe_cpu.quantize_experts(w, "fp8_w8a16", block_size=block)
+        codes, s = ref.quantize_fp8(w, eq)
+        d = got.unpack_quantized()
+        np.testing.assert_array_equal(d["weight"], codes)
+        np.testing.assert_array_equal(d["scale_inv"], s)
+        packed.append(got)
+        refs.append(ref.RefWeights.fp8(codes, s, eq))
+    x = make_input(rng, M, H)
+    tw, ids = make_routing(rng, M, E, k)
+    got = moe_cpu.fused_experts(x, packed[0], packed[1], tw, ids)
+    want = ref.fused_experts_ref(x, refs[0], refs[1], tw, ids)
+    assert_close(got, want, "fp8_w8a16", f"block {block}")
+
+
 # ---------------------------------------------------------------- quality vs unquantized float64
 def _rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))

@@ -52,6 +52,21 @@ def test_output_bits_do_not_depend_on_thread_count(rng, name):
     np.testing.assert_array_equal(outs[0], outs[2])
 
 
+def test_thread_count_bounds():
+    """1024 threads are allowed (or the processor count where larger); more raise before OpenMP tries."""
+    import os
+    top = max(1024, len(os.sched_getaffinity(0)))
+    saved = moe_cpu.get_num_threads()
+    try:
+        moe_cpu.set_num_threads(top)
+        assert moe_cpu.get_num_threads() == top
+        with pytest.raises(ValueError, match=f"must be in \\[1, {top}\\]"):
+            moe_cpu.set_num_threads(top + 1)
+        assert moe_cpu.get_num_threads() == top
+    finally:
+        moe_cpu.set_num_threads(saved)
+
+
 @pytest.mark.parametrize("name", ["int4_g32", "int8", "fp8_128", "bf16"])
 @pytest.mark.parametrize("on_input", [False, True])
 def test_output_bits_do_not_depend_on_token_chunks(rng, name, on_input):

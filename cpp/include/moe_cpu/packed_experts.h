@@ -15,6 +15,9 @@
 
 namespace moe_cpu {
 
+// ceil(x / d) for x >= 0, d >= 1, without the overflow of (x + d - 1) / d (fp8 block sizes are free).
+inline int64_t ceil_div(int64_t x, int64_t d) { return x / d + (x % d != 0); }
+
 struct KernelDesc;  // dispatch/registry.h
 
 struct BufferFree {
@@ -91,7 +94,7 @@ struct PackedExperts {
   // Length along K of one scale group (K for per channel, block_k for fp8).
   // (Inline: kernels call these per scale group, and an out-of-line call spills every vector register.)
   int64_t group_len() const { return group_size > 0 ? group_size : in_features; }
-  int64_t num_groups() const { return group_len() > 0 ? (in_features + group_len() - 1) / group_len() : 0; }  // along K
+  int64_t num_groups() const { return group_len() > 0 ? ceil_div(in_features, group_len()) : 0; }  // along K
   int64_t padded_k() const;         // K rounded up to the layout's k-step
   int64_t num_blocks() const { return (out_features + 15) / 16; }  // 16-column panels per expert
   size_t nbytes() const {

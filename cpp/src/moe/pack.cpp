@@ -221,9 +221,9 @@ PackedExperts pack_fp8(const uint8_t* codes, int64_t E, int64_t N, int64_t K, co
   if (nan_at >= 0)
     throw ValueError(msg("weight flat index ", nan_at, " is an e4m3fn NaN code (0x", std::hex, int(codes[nan_at]),
                          "); fp8 weights must be finite"));
-  const int64_t ns = E * ((N + block_n - 1) / block_n) * p.num_groups();
+  const int64_t ns = E * ceil_div(N, block_n) * p.num_groups();
   check_scales(scale_inv, ns, "scale_inv");
-  const int64_t nbn = (N + block_n - 1) / block_n, kb = p.num_groups();
+  const int64_t nbn = ceil_div(N, block_n), kb = p.num_groups();
   p.scales = blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) {
     return scale_inv[(e * nbn + n / block_n) * kb + gi];
   });

@@ -67,7 +67,7 @@ PackedExperts quantize_experts(const float* w, int64_t E, int64_t N, int64_t K, 
     case Scheme::kFp8W8A16: {
       if (block_n < 1 || block_k < 1)
         throw ValueError(msg("block_size = (", block_n, ", ", block_k, ") must be two positive integers"));
-      const int64_t nb = (N + block_n - 1) / block_n, kb = (K + block_k - 1) / block_k;
+      const int64_t nb = ceil_div(N, block_n), kb = ceil_div(K, block_k);
       std::vector<uint8_t> q(static_cast<size_t>(rows * K));
       std::vector<float> s(static_cast<size_t>(E * nb * kb));
       parallel_for(E * nb * kb, [&](int64_t b) {

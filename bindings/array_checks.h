@@ -79,4 +79,16 @@ inline void require_shape(const py::array& a, const char* name, std::vector<int6
 
 inline bool is_none(py::handle h) { return h.is_none(); }
 
+// The output must not share bytes with an input the call still reads while it writes (a shifted view
+// would read rows it has already overwritten): only the very same array is allowed, where `same_ok`.
+inline void require_no_overlap(const py::array& out, const py::array& in, const char* name, bool same_ok) {
+  const py::ssize_t on = out.nbytes(), in_n = in.nbytes();
+  if (on == 0 || in_n == 0) return;
+  const char *o = static_cast<const char*>(out.data()), *i = static_cast<const char*>(in.data());
+  if (o >= i + in_n || i >= o + on) return;
+  if (same_ok && o == i && on == in_n) return;
+  throw ValueError(msg("out shares memory with ", name, same_ok ? " without being that same array" : "",
+                       "; pass a separate output", same_ok ? std::string(" (or ") + name + " itself)" : std::string()));
+}
+
 }  // namespace moe_cpu::py_checks

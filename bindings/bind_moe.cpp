@@ -81,6 +81,12 @@ void bind_moe(py::module_& m) {
       a.num_global_experts = map.shape(0);
     }
     py::array out = output_arg(out_h, inplace, x, a.dtype, "hidden_states");
+    require_no_overlap(out, x, "hidden_states", true);
+    require_no_overlap(out, tw, "topk_weights", false);
+    require_no_overlap(out, ti, "topk_ids", false);
+    require_no_overlap(out, b13, "w13_bias", false);
+    require_no_overlap(out, b2, "w2_bias", false);
+    require_no_overlap(out, map, "expert_map", false);
     a.x = x.data(), a.w13 = w13.get(), a.w2 = w2.get();
     a.topk_weights = static_cast<const float*>(tw.data());
     a.topk_ids = ti.data(), a.ids_int64 = has_type(ti, ElemType::kI64);
@@ -110,6 +116,7 @@ void bind_moe(py::module_& m) {
                            " (need w13 [1, 2I, H] and w2 [1, H, I])"));
     if (inplace && !f.writeable()) throw ValueError("inplace=True but fused_experts_out is read-only");
     py::array out = inplace ? f : output_arg(out_h, false, x, dt, "hidden_states");
+    require_no_overlap(out, f, "fused_experts_out", true);  // (hidden_states is read whole before out is written)
     const void* xd = x.data();
     const void* fd = f.data();
     void* od = out.mutable_data();

@@ -216,7 +216,8 @@ def fused_experts(hidden_states: np.ndarray, w13: PackedExperts, w2: PackedExper
         w13_bias, w2_bias: float32 ``[E, 2I]`` and ``[E, H]``, added before the activation / router weight;
             the rows of the experts routed to must be finite (ValueError).
         expert_map: int32 ``[E_global]``, global id -> local id or -1 (ids are then global).
-        out: optional output ``[M, H]`` of the input dtype.
+        out: optional output ``[M, H]`` of the input dtype; it may be ``hidden_states`` itself (as inplace) but
+            must not otherwise share memory with an input (ValueError).
         inplace: write the result into ``hidden_states``.
 
     Returns:

@@ -198,6 +198,9 @@ def test_out_and_inplace(rng, name, dtype):
     res = moe_cpu.fused_experts(x_copy, w13p, w2p, tw, ids, inplace=True)
     assert np.shares_memory(res, x_copy)
     assert_close(x_copy, want, cfg["scheme"], f"{name} inplace")
+    x_copy = x.copy()                                   # out= the input itself: as inplace
+    moe_cpu.fused_experts(x_copy, w13p, w2p, tw, ids, out=x_copy)
+    np.testing.assert_array_equal(x_copy, res)
 
 
 def test_ids_out_of_range_raise(rng):

@@ -33,8 +33,25 @@ def library_of(v: object) -> str:
 
 
 def import_array(v: object, name: str) -> Tuple[np.ndarray, str]:
-    """(NumPy view of v, kind): kind "bfloat16" / "float8_e4m3fn" when the view holds those as bits."""
-    return tuple(_core.from_dlpack(v, name))
+    """(NumPy view of v, kind): kind "bfloat16" / "float8_e4m3fn" when the view holds those as bits.
+    A producer that refuses to export (a tensor that requires grad, a sparse or meta tensor) is named."""
+    try:
+        return tuple(_core.from_dlpack(v, name))
+    except (BufferError, RuntimeError) as e:
+        raise TypeError(f"{name}: this {library_of(v)} array cannot be read through DLPack ({e})") from None
+    except ValueError as e:
+        if str(e).startswith(name):
+            raise
+        raise ValueError(f"{name}: this {library_of(v)} array cannot be read through DLPack ({e})") from None
+
+
+def _dtype_error(e: TypeError, given: dict) -> TypeError:
+    """A dtype error about an argument that arrived as bfloat16 / float8 bits names that type, not the bits'."""
+    text = str(e)
+    for n, (_, arr, kind) in given.items():
+        if kind and text.startswith(f"{n} must have dtype") and f"got {arr.dtype}" in text:
+            return TypeError(text.replace(f"got {arr.dtype}", f"got {kind}"))
+    return e
 
 
 def to_caller(a: object, lib: Optional[str], bf16: bool) -> object:
@@ -70,15 +87,21 @@ def accepts_dlpack(*names: str, bf16_from: Optional[str] = None) -> Callable[[Ca
                 v = bound.arguments.get(n)
                 if is_foreign(v):
                     arr, kind = import_array(v, n)
-                    given[n] = (v, arr)
+                    given[n] = (v, arr, kind)
                     bound.arguments[n] = arr
                     lib = lib or library_of(v)
                     bf16 = bf16 or (n == bf16_from and kind == "bfloat16")
             stray = [k for k, v in bound.arguments.items() if k not in given and is_foreign(v)]
             if stray:
                 raise TypeError(f"{fn.__name__}: argument {stray[0]} cannot be a {type(bound.arguments[stray[0]]).__name__}")
-            res = fn(*bound.args, **bound.kwargs)
-            for v, arr in given.values():   # out= / inplace: the caller's own object, written through
+            try:
+                res = fn(*bound.args, **bound.kwargs)
+            except TypeError as e:
+                err = _dtype_error(e, given)
+                if err is e:
+                    raise
+                raise err from None
+            for v, arr, _ in given.values():   # out= / inplace: the caller's own object, written through
                 if res is arr:
                     return v
             if isinstance(res, tuple):

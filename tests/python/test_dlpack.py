@@ -177,6 +177,18 @@ def test_bad_tensors_raise_by_name(rng, layer):
         moe_cpu.fused_experts(torch.randn(4, H), w13, w2, tw, ids, out=Producer(ro))
     with pytest.raises(TypeError, match="topk_ids"):
         moe_cpu.fused_experts(torch.randn(4, H), w13, w2, tw, torch.from_numpy(ids).to(torch.int16))
+    # tensors torch will not export are named (torch's BufferError / ValueError as the reason)
+    with pytest.raises(TypeError, match=r"hidden_states: this torch array cannot be read through DLPack \(.*gradient"):
+        moe_cpu.fused_experts(torch.randn(4, H, requires_grad=True), w13, w2, tw, ids)
+    with pytest.raises(TypeError, match="hidden_states: this torch array cannot be read through DLPack"):
+        moe_cpu.fused_experts(torch.randn(4, H).to_sparse(), w13, w2, tw, ids)
+    with pytest.raises(ValueError, match="hidden_states: this torch array cannot be read through DLPack"):
+        moe_cpu.fused_experts(torch.empty(4, H, device="meta"), w13, w2, tw, ids)
+    # a bfloat16 tensor where float32 is needed is called bfloat16, not by its bits' uint16
+    with pytest.raises(TypeError, match="topk_weights must have dtype float32, got bfloat16"):
+        moe_cpu.fused_experts(torch.randn(4, H), w13, w2, torch.from_numpy(tw).bfloat16(), ids)
+    with pytest.raises(TypeError, match="router_logits must have dtype float32, got bfloat16"):
+        moe_cpu.select_experts(torch.randn(4, E).bfloat16(), 2)
 
 
 def test_jax_arrays(rng, layer):

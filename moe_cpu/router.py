@@ -27,7 +27,7 @@ def check_int(v: object, name: str) -> int:
 
 
 def check_f32(a: object, name: str, shape: Tuple[int, ...]) -> Optional[np.ndarray]:
-    """None, or a C-contiguous float32 array of exactly `shape`."""
+    """None, or a C-contiguous, finite float32 array of exactly `shape` (a layer parameter)."""
     if a is None:
         return None
     if not isinstance(a, np.ndarray):
@@ -38,6 +38,10 @@ def check_f32(a: object, name: str, shape: Tuple[int, ...]) -> Optional[np.ndarr
         raise ValueError(f"{name} has shape {list(a.shape)} but {list(shape)} was expected")
     if not a.flags.c_contiguous:
         raise ValueError(f"{name} must be C-contiguous (use np.ascontiguousarray)")
+    bad = np.flatnonzero(~np.isfinite(a))
+    if bad.size:
+        i = np.unravel_index(int(bad[0]), a.shape)
+        raise ValueError(f"{name}[{', '.join(map(str, i))}] = {a[i]} is not finite")
     return a
 
 

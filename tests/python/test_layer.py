@@ -219,6 +219,17 @@ def _shared(rng, scheme="int8_w8a8", E=1, Is=32):
     (lambda p, r: dict(use_grouped_topk=True, num_expert_group=2, topk_group=3), ValueError, "topk_group"),
     (lambda p, r: dict(num_expert_group=2), ValueError, "use_grouped_topk"),
     (lambda p, r: dict(routed_scaling_factor=float("nan")), ValueError, "routed_scaling_factor"),
+    # non-finite parameters, named at construction (not as router_logits or topk_weights at call time)
+    (lambda p, r: dict(gate=np.where(np.arange(H) == 7, np.nan, p["gate"]).astype(np.float32)), ValueError,
+     r"gate\[0, 7\] = nan is not finite"),
+    (lambda p, r: dict(gate_bias=np.float32([0, 0, np.inf, 0])), ValueError, r"gate_bias\[2\] = inf"),
+    (lambda p, r: dict(w13_bias=np.full((4, 128), -np.inf, np.float32)), ValueError, r"w13_bias\[0, 0\] = -inf"),
+    (lambda p, r: dict(w2_bias=np.where(np.arange(H) == H - 1, np.nan, 0).astype(np.float32)[None].repeat(4, 0)),
+     ValueError, rf"w2_bias\[0, {H - 1}\] = nan"),
+    (lambda p, r: dict(e_score_correction_bias=np.float32([0, np.nan, 0, 0])), ValueError,
+     r"e_score_correction_bias\[1\] = nan"),
+    (lambda p, r: dict(_shared(r), shared_expert_gate=np.full(H, np.nan, np.float32)), ValueError,
+     r"shared_expert_gate\[0\] = nan"),
 ])
 def test_bad_construction(rng, parts, change, err, match):
     with pytest.raises(err, match=match):

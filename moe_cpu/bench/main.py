@@ -38,7 +38,42 @@ from .shapes import MS, SHAPES
 from .timing import Routing, timed, weight_bytes
 
 
+def _available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (0 where unknown: no check)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+# Bytes per weight at the peak of packing: the random codes (int8, or bf16 bits) plus the packed copy.
+_PEAK_BYTES = {"int4_w4a8": 1.5, "int8_w8a8": 2.0, "fp8_w8a16": 2.0, "bf16": 4.0}
+
+
+def check_plan(args) -> None:
+    """Refuse, before measuring anything, a run that cannot finish: too few experts for a shape's top-k,
+    or weights that do not fit the memory available now."""
+    if args.experts < 0:
+        raise ValueError(f"--experts {args.experts} must be >= 0 (0: each shape's own)")
+    avail = _available_bytes()
+    for shape in args.shapes:
+        H, I, _, k, E, _ = SHAPES[shape]
+        E = args.experts or E
+        if k > E:
+            raise ValueError(f"--experts {E} is below the {shape} top-k of {k}")
+        for scheme in args.schemes:
+            need = E * 3 * I * H * _PEAK_BYTES[scheme_of(scheme)]
+            if avail and need > avail:
+                raise ValueError(f"{shape} {scheme} with {E} experts needs about {need / 2**30:.1f} GiB for its "
+                                 f"weights (codes and packed), but {avail / 2**30:.1f} GiB are available")
+
+
 def run(args):
+    check_plan(args)
     rng = np.random.default_rng(0)
     threads = moe_cpu.get_num_threads()
     buf = _core.ReadBuffer(1 << 30)
@@ -55,8 +90,6 @@ def run(args):
         H, I, E_model, k, E, note = SHAPES[shape]
         if args.experts:
             E, note = args.experts, f"E set to {args.experts}"
-        if k > E:
-            raise ValueError(f"--experts {E} is below the {shape} top-k of {k}")
         act = "swigluoai" if shape.startswith("gpt-oss") else "silu"
         for scheme in args.schemes:
             pack13, pack2 = random_codes(rng, scheme, E, 2 * I, H), random_codes(rng, scheme, E, H, I)
@@ -194,6 +227,11 @@ def main(argv=None) -> int:
         a.schemes = GGUF_ROWS
     a.ms = tuple(a.m or MS)
     try:
+        os.makedirs(a.out, exist_ok=True)   # before the run, not after it
+    except OSError as e:
+        print(f"moe-cpu bench: error: --out {a.out!r} cannot be created: {e.strerror}", file=sys.stderr)
+        return 2
+    try:
         limits, rows = run(a)
         peer_rows = [] if a.no_peers or a.torch_peer_only else peers(a, np.random.default_rng(2))
         torch_rows = [] if a.no_peers else torch_peer(np.random.default_rng(3), limits["threads"])
@@ -204,7 +242,6 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"moe-cpu bench: error: {e}", file=sys.stderr)
         return 2
-    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "bench_moe.json"), "w") as f:
         json.dump({"limits": limits, "features": moe_cpu.cpu_features(), "rows": rows, "peers": peer_rows,
                    "torch_peer": torch_rows, "kt_peer": kt_rows, "amx_crossover": amx_rows}, f, indent=1)

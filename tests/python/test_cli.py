@@ -116,6 +116,27 @@ def test_bench_topk_above_experts(tmp_path, capsys):
     assert "--experts 4" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args,says", [
+    (["--experts", "-5"], "--experts -5 must be >= 0"),
+    (["--experts", "1000000", "--schemes", "bf16"], "needs about 17578.1 GiB"),   # 10^6 x 3 x 768 x 2048 x 4 B
+])
+def test_bench_refuses_a_plan_before_measuring(tmp_path, capsys, args, says):
+    """Bad plans fail at once (exit 2, no machine measurement), not after minutes or with a MemoryError."""
+    assert cli.main(["bench", "--shapes", "qwen3-30b-a3b", "--m", "1", "--no-peers",
+                     "--out", str(tmp_path / "x"), *args]) == 2
+    out = capsys.readouterr()
+    assert says in out.err and "machine:" not in out.out
+
+
+def test_bench_out_that_cannot_be_created_exits_2_first(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert cli.main(["bench", "--shapes", "qwen3-30b-a3b", "--experts", "8", "--m", "1", "--no-peers",
+                     "--out", str(blocker / "sub")]) == 2
+    out = capsys.readouterr()
+    assert "cannot be created" in out.err and "machine:" not in out.out
+
+
 def test_torch_peer_says_how_to_get_torch_when_it_is_missing(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
     assert peers.torch_peer(np.random.default_rng(0), 1) == []

@@ -65,13 +65,29 @@ def _layer_list(s: str) -> List[int]:
     return out
 
 
-def _open_layer(path: str, layer: int, scheme: Optional[str]):
-    """A converted layer directory (layer.json) or layer `layer` of a checkpoint."""
+def _at_least(lo: float, kind: type, what: str):
+    """An argparse type: a `kind` number >= lo."""
+    def parse(s: str):
+        try:
+            v = kind(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+        if not v >= lo:   # (also refuses NaN)
+            raise argparse.ArgumentTypeError(f"must be >= {lo:g}, got {s!r}")
+        return v
+    return parse
+
+
+def _open_layer(path: str, layer: Optional[int], scheme: Optional[str]):
+    """A converted layer directory (layer.json) or layer `layer` (default 0) of a checkpoint."""
     from .layer import MoELayer
 
     if os.path.isfile(os.path.join(path, "layer.json")):
+        if layer is not None or scheme is not None:   # the same command line serves both sources: say so
+            print(f"({path} is a converted layer, one layer already packed: --layer / --scheme are not used)",
+                  file=sys.stderr)
         return MoELayer.load(path)
-    return MoELayer.from_pretrained(path, layer, scheme)
+    return MoELayer.from_pretrained(path, 0 if layer is None else layer, scheme)
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -102,9 +118,10 @@ def cmd_run_ep(args: argparse.Namespace) -> int:
 
     comm = mpi().COMM_WORLD
     if os.path.isfile(os.path.join(args.checkpoint, "layer.json")):   # converted: mapped, then split
-        m = EPMoELayer.from_layer(MoELayer.load(args.checkpoint), comm, exact=args.exact)
+        m = EPMoELayer.from_layer(_open_layer(args.checkpoint, args.layer, args.scheme), comm, exact=args.exact)
     else:
-        m = EPMoELayer.from_pretrained(args.checkpoint, args.layer, args.scheme, comm=comm, exact=args.exact)
+        m = EPMoELayer.from_pretrained(args.checkpoint, 0 if args.layer is None else args.layer, args.scheme,
+                                       comm=comm, exact=args.exact)
     say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
     for line in comm.allgather(repr(m)):
         say(line)
@@ -159,14 +176,17 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--scheme", default=None, help="scheme for unquantized checkpoints (default: as stored / bf16)")
     r = sub.add_parser("run", help="random tokens through one layer: accuracy vs float64 and speed")
     r.add_argument("--checkpoint", required=True, help="checkpoint, or a directory written by convert")
-    r.add_argument("--layer", type=int, default=0, help="layer number in the checkpoint")
-    r.add_argument("--tokens", type=int, default=32, help="number of random tokens (default 32)")
+    r.add_argument("--layer", type=_at_least(0, int, "a layer number"), default=None,
+                   help="layer number in the checkpoint (default 0; a converted layer has one)")
+    r.add_argument("--tokens", type=_at_least(1, int, "a token count"), default=32,
+                   help="number of random tokens (default 32)")
     r.add_argument("--scheme", default=None, help="scheme for unquantized checkpoints")
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--min-time", type=float, default=0.3, help="seconds of timed calls")
+    r.add_argument("--min-time", type=_at_least(0, float, "seconds"), default=0.3, help="seconds of timed calls")
     r.add_argument("--ep", action="store_true", help="expert parallel over MPI: mpirun -np N moe-cpu run --ep ...")
     r.add_argument("--exact", action="store_true", help="with --ep: bit-identical to one process (k x the traffic)")
-    r.add_argument("--calls", type=int, default=10, help="with --ep: timed calls (the same on every rank)")
+    r.add_argument("--calls", type=_at_least(1, int, "a call count"), default=10,
+                   help="with --ep: timed calls (the same on every rank)")
     return p
 
 
@@ -188,6 +208,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return {"info": cmd_info, "convert": cmd_convert, "run": cmd_run}[args.command](args)
     except (ValueError, TypeError) as e:   # bad checkpoint, arguments or files: the message says what
         print(f"moe-cpu {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except MemoryError as e:   # e.g. --tokens far beyond this machine
+        print(f"moe-cpu {args.command}: error: not enough memory ({e})", file=sys.stderr)
         return 2
     except BrokenPipeError:   # e.g. `moe-cpu info | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

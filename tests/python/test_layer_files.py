@@ -77,6 +77,7 @@ def test_cli_convert_then_run(checkpoint, tmp_path):
         line = [s for s in run.stdout.splitlines() if "relative L2 error" in s][0]
         err = float(line.split("float64 ")[1].split(",")[0])
         assert 0 < err < 0.05, line          # int8 W8A8 against the dequantized float64 layer
+        assert ("--layer / --scheme are not used" in run.stderr) == (source != checkpoint)
 
 
 def test_cli_reports_bad_checkpoints_without_a_traceback(tmp_path):
@@ -85,6 +86,10 @@ def test_cli_reports_bad_checkpoints_without_a_traceback(tmp_path):
     assert "moe-cpu run: error:" in bad.stderr and "Traceback" not in bad.stderr
     usage = _cli("convert", "--checkpoint", tmp_path, "--out", tmp_path / "o", "--layers", "x", cwd=tmp_path)
     assert usage.returncode == 2 and "layer numbers" in usage.stderr
+    for flag, value in (("--tokens", 0), ("--tokens", -3), ("--min-time", -1), ("--min-time", "nan"), ("--calls", 0),
+                        ("--layer", -1)):
+        usage = _cli("run", "--checkpoint", tmp_path, flag, value, cwd=tmp_path)
+        assert usage.returncode == 2 and f"argument {flag}: must be >= " in usage.stderr, (flag, usage.stderr)
 
 
 def test_router_bias_is_added_to_the_logits_and_saved(tmp_path, rng):

@@ -195,8 +195,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "demo":   # everything after 'demo' belongs to the demo's own parser
         from . import demo
-        demo.main(argv[1:])
-        return 0
+        return demo.main(argv[1:])
     if argv and argv[0] == "bench":  # likewise for the benchmark
         if "--ep" in argv:           # expert parallel, under mpirun
             from .distributed import bench as ep_bench

@@ -7,6 +7,7 @@ against the float64 unquantized layer, the time per call and the packed weight b
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -28,15 +29,38 @@ def float64_layer(x, w13, w2, topk_w, topk_ids):
     return out
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--inter", type=int, default=768)
-    p.add_argument("--experts", type=int, default=128)
-    p.add_argument("--topk", type=int, default=8)
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+def _positive(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {s!r}")
+    return v
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="moe-cpu demo", description=__doc__.splitlines()[0])
+    p.add_argument("--hidden", type=_positive, default=2048, help="H, a multiple of 128 (int4's group)")
+    p.add_argument("--inter", type=_positive, default=768, help="I, a multiple of 128 (int4's group)")
+    p.add_argument("--experts", type=_positive, default=128)
+    p.add_argument("--topk", type=_positive, default=8, help="at most --experts")
+    p.add_argument("--tokens", type=_positive, default=64)
+    p.add_argument("--repeats", type=_positive, default=3)
     a = p.parse_args(argv)
+    if a.hidden % 128 or a.inter % 128:
+        p.error(f"--hidden {a.hidden} and --inter {a.inter} must be multiples of 128 (the int4 group size)")
+    if a.topk > a.experts:
+        p.error(f"--topk {a.topk} is more than --experts {a.experts}")
+    try:
+        _run(a)
+    except MemoryError as e:
+        print(f"moe-cpu demo: error: not enough memory ({e})", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _run(a: argparse.Namespace) -> None:
     H, I, E, k, M = a.hidden, a.inter, a.experts, a.topk, a.tokens
     rng = np.random.default_rng(0)
     print(f"moe_cpu demo: Qwen3-30B-A3B-shaped layer H={H} I={I} E={E} k={k}, {M} tokens, "
@@ -70,4 +94,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

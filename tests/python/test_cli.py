@@ -137,6 +137,25 @@ def test_bench_out_that_cannot_be_created_exits_2_first(tmp_path, capsys):
     assert "cannot be created" in out.err and "machine:" not in out.out
 
 
+@pytest.mark.parametrize("args,says", [(["--tokens", "0"], "--tokens: must be >= 1"),
+                                       (["--topk", "9", "--experts", "8"], "--topk 9 is more than --experts 8"),
+                                       (["--hidden", "100"], "multiples of 128")])
+def test_demo_bad_arguments_exit_2(capsys, args, says):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["demo", *args])
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_demo_small_layer_every_scheme(capsys):
+    assert cli.main(["demo", "--hidden", "256", "--inter", "128", "--experts", "4", "--topk", "2", "--tokens", "4",
+                     "--repeats", "1"]) == 0
+    rows = {line.split()[0]: float(line.split()[2]) for line in capsys.readouterr().out.splitlines()
+            if line.split() and line.split()[0] in moe_cpu.SCHEMES}
+    assert set(rows) == set(moe_cpu.SCHEMES)
+    bound = {"int4_w4a8": 0.3, "int8_w8a8": 0.05, "fp8_w8a16": 0.1, "bf16": 0.01}   # vs the float64 unquantized layer
+    assert all(0 < rows[s] < bound[s] for s in rows), rows
+
+
 def test_torch_peer_says_how_to_get_torch_when_it_is_missing(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
     assert peers.torch_peer(np.random.default_rng(0), 1) == []

@@ -253,13 +253,18 @@ def gather_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what:
                    group_size: Optional[int] = None, block: Tuple[int, int] = (128, 128),
                    experts: Optional[Sequence[int]] = None) -> Optional[Stack]:
     """The Stack of ``sources`` for experts 0..E-1 (or ``experts``), read one expert at a time."""
-    ids = list(range(E)) if experts is None else [int(e) for e in experts]
+    ids = range(E) if experts is None else [int(e) for e in experts]
     E = len(ids)
     if E == 0:   # a rank that holds no experts of this layer
         return None
     N = sum(s.rows for s in sources)
     g = _stack_group(sources, scheme, group_size, block, what, K)
     from_float = sources[0].native == "float"
+    # The first and last experts' tensors are read (their presence and shapes checked against the config)
+    # before the stack is allocated: a config that does not match its tensors is a ValueError, not a huge
+    # allocation.
+    first = [src.read(ids[0]) for src in sources]
+    last = [src.read(ids[-1]) for src in sources] if E > 1 else first
     # int4 kept as int4 stores codebook indices when the sources have a codebook (all the same one)
     codebook = sources[0].codebook if scheme == "int4_w4a8" and not from_float else None
     m = z = gi = None
@@ -285,7 +290,7 @@ def gather_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what:
     else:
         q, s = np.empty((E, N, K), np.uint16), None
     for e, eid in enumerate(ids):
-        parts = [src.read(eid) for src in sources]
+        parts = first if e == 0 else last if e == E - 1 else [src.read(eid) for src in sources]
         if from_float:
             w = parts[0].q if len(parts) == 1 else np.concatenate([p.q for p in parts])
             try:

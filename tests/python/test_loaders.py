@@ -588,6 +588,10 @@ def _bad(tmp_path, label):
         tensors[x + "3.gate_proj.weight"] = np.zeros((I, H), np.int32)
     elif label == "st_missing_key":
         del cfg["num_experts_per_tok"]
+    elif label == "st_config_experts_huge":   # read before allocating: not a MemoryError for 10^12 experts
+        cfg["num_experts"] = 10**12
+    elif label == "st_config_inter_huge":
+        cfg["moe_intermediate_size"] = 10**12
     elif label == "st_unknown_model":
         cfg["model_type"] = "llama"
     elif label == "st_dense_layer":
@@ -608,6 +612,8 @@ BAD = [  # label, substrings the ValueError message must contain
     ("st_scale_dtype", ["experts.0.gate_proj.weight_scale", "dtype I32"]),
     ("st_int4_range", ["experts.2.down_proj.weight", "[-8, 7]", "9"]),
     ("st_missing_key", ["'num_experts_per_tok'", "missing"]),
+    ("st_config_experts_huge", ["missing tensor", "experts.999999999999.gate_proj.weight"]),
+    ("st_config_inter_huge", ["experts.0.gate_proj.weight", "shape [32, 64]", "[1000000000000, 64] was expected"]),
     ("st_unknown_model", ["model_type = 'llama'"]),
     ("st_dense_layer", ["layer 1", "dense", "first_k_dense_replace"]),
     ("st_no_config", ["config.json"]),

@@ -21,6 +21,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from . import _core, api
+from ._argtypes import at_least
 
 
 # ------------------------------------------------------------------------------------------ info
@@ -63,19 +64,6 @@ def _layer_list(s: str) -> List[int]:
     if not out or min(out) < 0:
         raise argparse.ArgumentTypeError(f"expected non-negative layer numbers, got {s!r}")
     return out
-
-
-def _at_least(lo: float, kind: type, what: str):
-    """An argparse type: a `kind` number >= lo."""
-    def parse(s: str):
-        try:
-            v = kind(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
-        if not v >= lo:   # (also refuses NaN)
-            raise argparse.ArgumentTypeError(f"must be >= {lo:g}, got {s!r}")
-        return v
-    return parse
 
 
 def _open_layer(path: str, layer: Optional[int], scheme: Optional[str]):
@@ -176,16 +164,16 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--scheme", default=None, help="scheme for unquantized checkpoints (default: as stored / bf16)")
     r = sub.add_parser("run", help="random tokens through one layer: accuracy vs float64 and speed")
     r.add_argument("--checkpoint", required=True, help="checkpoint, or a directory written by convert")
-    r.add_argument("--layer", type=_at_least(0, int, "a layer number"), default=None,
+    r.add_argument("--layer", type=at_least(0, int, "a layer number"), default=None,
                    help="layer number in the checkpoint (default 0; a converted layer has one)")
-    r.add_argument("--tokens", type=_at_least(1, int, "a token count"), default=32,
+    r.add_argument("--tokens", type=at_least(1, int, "a token count"), default=32,
                    help="number of random tokens (default 32)")
     r.add_argument("--scheme", default=None, help="scheme for unquantized checkpoints")
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--min-time", type=_at_least(0, float, "seconds"), default=0.3, help="seconds of timed calls")
+    r.add_argument("--min-time", type=at_least(0, float, "seconds"), default=0.3, help="seconds of timed calls")
     r.add_argument("--ep", action="store_true", help="expert parallel over MPI: mpirun -np N moe-cpu run --ep ...")
     r.add_argument("--exact", action="store_true", help="with --ep: bit-identical to one process (k x the traffic)")
-    r.add_argument("--calls", type=_at_least(1, int, "a call count"), default=10,
+    r.add_argument("--calls", type=at_least(1, int, "a call count"), default=10,
                    help="with --ep: timed calls (the same on every rank)")
     return p
 

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from . import api
+from ._argtypes import at_least
 
 
 def float64_layer(x, w13, w2, topk_w, topk_ids):
@@ -29,17 +30,8 @@ def float64_layer(x, w13, w2, topk_w, topk_ids):
     return out
 
 
-def _positive(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {s!r}")
-    return v
-
-
 def main(argv=None) -> int:
+    _positive = at_least(1, int, "a positive integer")
     p = argparse.ArgumentParser(prog="moe-cpu demo", description=__doc__.splitlines()[0])
     p.add_argument("--hidden", type=_positive, default=2048, help="H, a multiple of 128 (int4's group)")
     p.add_argument("--inter", type=_positive, default=768, help="I, a multiple of 128 (int4's group)")

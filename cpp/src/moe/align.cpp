@@ -24,18 +24,18 @@ AlignedRows moe_align_block_size(const int32_t* ids, int64_t numel, int64_t E, i
   std::vector<int64_t> count(static_cast<size_t>(used), 0), start(static_cast<size_t>(used));
   for (int64_t s = 0; s < numel; ++s)
     if (ids[s] >= 0) ++count[size_t(ids[s])];
-  int64_t total = 0;
-  for (int64_t e = 0; e < used; ++e) total += (count[size_t(e)] + block - 1) / block * block;
-  if (total > kInt32Max)
-    throw ValueError(msg("num_tokens_post_pad = ", total, " (each expert's rows padded to block_size = ", block,
-                         ") does not fit int32"));
   AlignedRows out;
-  total = 0;
+  int64_t total = 0;
   for (int64_t e = 0; e < used; ++e) {
     start[size_t(e)] = total;
-    const int64_t padded = (count[size_t(e)] + block - 1) / block * block;
-    out.expert_ids.insert(out.expert_ids.end(), size_t(padded / block), int32_t(e));
-    total += padded;
+    if (count[size_t(e)] == 0) continue;
+    // checked before it is formed: block may be near int64's limit
+    const int64_t blocks = ceil_div(count[size_t(e)], block);
+    if (block > kInt32Max || blocks * block > kInt32Max - total)
+      throw ValueError(msg("num_tokens_post_pad (each expert's rows padded to block_size = ", block,
+                           ") does not fit int32"));
+    out.expert_ids.insert(out.expert_ids.end(), size_t(blocks), int32_t(e));
+    total += blocks * block;
   }
   out.sorted_ids.assign(size_t(total), int32_t(numel));
   for (int64_t s = 0; s < numel; ++s)

@@ -8,6 +8,7 @@
 // Qwen3-30B-A3B expert (H 2048, I 768) at R rows: GEMM1 in fused_moe.cpp's L2 pieces, GEMM2 in one call.
 // The estimate brackets the tile kernel: max(touch, tiles) if the AMX unit overlaps the rest, touch + tiles
 // if not. Where AMX is active (not under tests/amx_trap), a last column times the real tiles. Built by CMake on x86 as moe_cpu_amx_skeleton; run: build/moe_cpu_amx_skeleton [reps] [scheme substring]
+#define MOE_ISA amx  // kernels/isa.h: the stand-in backends are AVX-512 code in the amx region
 #include <immintrin.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "common/numeric.h"
 #include "kernels/float_amx.h"
 #include "kernels/int_amx.h"
+#include "kernels/isa.h"
 #include "moe_cpu/cpu_features.h"
 
 namespace moe_cpu {
@@ -31,6 +33,7 @@ extern const KernelDesc kernel_w8a8_avx512vnni, kernel_w4a8_avx512vnni, kernel_b
 
 using namespace moe_cpu;
 
+MOE_ISA_BEGIN
 namespace {
 
 int64_t g_dots = 0, g_dot_bytes = 0;  // tile dot products, and the K bytes of their A tiles
@@ -143,6 +146,9 @@ double best_of(const Expert& x, int64_t R, Gemm gemm, int reps, std::vector<floa
 }
 
 }  // namespace
+MOE_ISA_END
+
+using namespace moe_cpu::kernels;
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;

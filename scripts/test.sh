@@ -34,6 +34,10 @@ for level in neon neon_dotprod neon_i8mm neon_bf16; do
   echo "-- MOE_CPU_ISA=$level"
   MOE_CPU_ISA=$level qemu-aarch64 -cpu max -L /usr/aarch64-linux-gnu build/arm/moe_cpu_tests --gtest_brief=1 | tail -n 3
 done
+# Other CPUs from this host (qemu-user): the ISA audit, Debug GoogleTest on an AVX2-only, a pre-AVX and an Armv8.0
+# CPU, and pytest subsets under the x86 ones (scripts/test_emulated.sh says what runs and what is left out).
+echo "== emulated CPUs (scripts/test_emulated.sh)"
+bash scripts/test_emulated.sh
 # pytest: the whole suite at the native level, then the `isa`-marked tests (those whose result depends on the kernel)
 # once per other ISA level this CPU has (MOE_CPU_ISA forces dispatch; test_dispatch checks the path taken), amx_model
 # included. It runs

@@ -1,6 +1,7 @@
 // avx2vnni_evex_twins.cpp — test-only twins of w4a8_avx2vnni and w8a8_avx2vnni: the same microkernel
 // source (int_avx2.h) with vpdpbusd ymm in its EVEX form (AVX512-VNNI + VL), whose semantics are
 // identical to the VEX form the library ships. CPUs with AVX512-VNNI but no AVX-VNNI run these.
+#define MOE_ISA avx2vnni_evex  // kernels/isa.h: int_avx2.h in the region of this word
 #include "kernels/int_avx2.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"

@@ -109,7 +109,7 @@ TEST(AmxPanels, Avx512WidenAndDecodeMatchThePortableCode) {
       const PackedExperts p = pack_int4(q.data(), E, N, K, s.data(), -1, nullptr, codebook ? iq4nl : nullptr);
       std::vector<uint8_t> want(size_t(2 * Kt * 16), 7), got(want.size(), 9);
       kernels::widen_int4(p, 1, 1, 2, Kt, want.data());
-      kernels::widen_int4_avx512(p, 1, 1, 2, Kt, got.data());
+      kernels::amx::widen_int4_avx512(p, 1, 1, 2, Kt, got.data());
       ASSERT_EQ(got, want) << "K " << K << (codebook ? " with a codebook" : "");
     }
   }
@@ -121,7 +121,7 @@ TEST(AmxPanels, Avx512WidenAndDecodeMatchThePortableCode) {
     const PackedExperts p = pack_fp8(codes.data(), E, N, K, &one, N, K);
     std::vector<uint16_t> want(size_t(2 * Kt * 16), 7), got(want.size(), 9);
     kernels::decode_fp8(p, 0, 0, 2, Kt, want.data());
-    kernels::decode_fp8_avx512(p, 0, 0, 2, Kt, got.data());
+    kernels::amx::decode_fp8_avx512(p, 0, 0, 2, Kt, got.data());
     ASSERT_EQ(got, want) << "K " << K;
   }
 }

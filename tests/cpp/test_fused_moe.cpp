@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
 
 #include "common/numeric.h"
 #include "dispatch/registry.h"
@@ -423,8 +427,19 @@ TEST(FusedExperts, RejectsOutOfRangeIdsAndMismatchedSchemes) {
 namespace moe_cpu {
 namespace {
 
+// The ISA word each scheme's kernel must have, from MOE_CPU_EXPECT_ISA ("w4a8:avx2 w8a8:avx2 ..."; scripts/test.sh
+// sets it where it emulates a CPU); empty where unset.
+std::string expected_isa(const char* precision) {
+  const char* env = std::getenv("MOE_CPU_EXPECT_ISA");
+  std::istringstream in(env ? env : "");
+  for (std::string item; in >> item;)
+    if (item.rfind(std::string(precision) + ":", 0) == 0) return item.substr(std::strlen(precision) + 1);
+  return "";
+}
+
 // End to end at a shrunk Qwen3-like shape (H=256, I=96, E=8, k=2): the kernels dispatch picks for
-// the running ISA level (MOE_CPU_ISA) against the reference kernels, for every scheme.
+// the running ISA level (MOE_CPU_ISA) against the reference kernels, for every scheme; with
+// MOE_CPU_EXPECT_ISA set, dispatch must have picked that ISA's kernel.
 TEST(FusedExperts, DispatchedPathMatchesReferenceForEveryScheme) {
   auto g = test::rng_for_test();
   const int64_t E = 8, H = 256, I = 96, M = 19, k = 2;
@@ -448,6 +463,15 @@ TEST(FusedExperts, DispatchedPathMatchesReferenceForEveryScheme) {
     std::vector<float> got(size_t(M * H)), want(size_t(M * H));
     std::string kernel, ref_kernel;
     run(got, &kernel);
+    const std::string precision = kernel.substr(0, kernel.find('_')), want_isa = expected_isa(precision.c_str());
+    if (std::getenv("MOE_CPU_EXPECT_ISA")) {
+      const KernelDesc* kd = nullptr;
+      for (const KernelDesc* d : all_kernels())
+        if (kernel == d->name) kd = d;
+      ASSERT_NE(kd, nullptr) << kernel;
+      EXPECT_EQ(std::string(kd->isa), want_isa) << "dispatch chose " << kernel << " for " << precision;
+    }
+    RecordProperty("kernel_" + precision, kernel);
     force_isa("reference");
     run(want, &ref_kernel);
     force_isa(level);

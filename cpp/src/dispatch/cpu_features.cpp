@@ -61,16 +61,17 @@ uint64_t amx_trap(uint64_t f) {
   return kFeatAmx;
 }
 
+// Every x86-64 CPU runs the tile model (portable code), pre-AVX ones without XSAVE or CPUID leaf 7 included.
 uint64_t detect() {
   unsigned a, b, c, d;
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return kFeatAmxModel;
   const bool osxsave = c & (1u << 27), fma = c & (1u << 12), f16c = c & (1u << 29);
-  if (!osxsave) return 0;
+  if (!osxsave) return kFeatAmxModel;
   const uint64_t xcr0 = xgetbv0();
   const bool os_ymm = (xcr0 & 0x6) == 0x6, os_zmm = (xcr0 & 0xe6) == 0xe6;
   const bool os_amx = (xcr0 & (3u << 17)) == (3u << 17);
   uint64_t f = 0;
-  if (__get_cpuid_max(0, nullptr) < 7) return 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return kFeatAmxModel;
   __cpuid_count(7, 0, a, b, c, d);
   const unsigned b7 = b, c7 = c, d7 = d;
   __cpuid_count(7, 1, a, b, c, d);

@@ -51,8 +51,11 @@ inline void decode_fp8(const PackedExperts& w, int64_t e, int64_t b, int64_t nj,
   }
 }
 
-// The same with AVX512BW (int4) and AVX512_VBMI (fp8): 64 codes per few instructions.
+}  // namespace moe_cpu::kernels
+
+// The same with AVX512BW (int4) and AVX512_VBMI (fp8): 64 codes per few instructions (the amx region).
+namespace moe_cpu::kernels::amx {
 void widen_int4_avx512(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, int64_t Kt, uint8_t* dst);
 void decode_fp8_avx512(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, int64_t Kt, uint16_t* dst);
 
-}  // namespace moe_cpu::kernels
+}  // namespace moe_cpu::kernels::amx

@@ -2,12 +2,14 @@
 // int4 panel row, two AND / shift (and with a codebook two vpshufb) give the two int8 tile rows; per 64
 // e4m3 codes, E4m3Vbmi's five byte permutes give 64 bf16.
 // Needs: AVX512F, AVX512BW (int4), AVX512_VBMI (fp8); called only by the amx kernels, which need them.
+#define MOE_ISA amx  // kernels/isa.h: this file's ISA region
 #include <immintrin.h>
 
 #include "kernels/amx_panels.h"
 #include "kernels/float_avx512bf16.h"
+#include "kernels/isa.h"
 
-namespace moe_cpu::kernels {
+MOE_ISA_BEGIN
 
 void widen_int4_avx512(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, int64_t Kt, uint8_t* dst) {
   const int64_t rows = w.padded_k() / 8;
@@ -44,4 +46,4 @@ void decode_fp8_avx512(const PackedExperts& w, int64_t e, int64_t b, int64_t nj,
   }
 }
 
-}  // namespace moe_cpu::kernels
+MOE_ISA_END

@@ -10,8 +10,9 @@
 #include "kernels/amx_tiles.h"
 #include "kernels/tile_driver.h"
 #include "moe_cpu/cpu_features.h"
+#include "kernels/isa.h"
 
-namespace moe_cpu::kernels {
+MOE_ISA_BEGIN
 
 // Tile numbers: C(ra, j) = 2 ra + j (two 16-row tiles x two 16-column panels), A 4-5, B 6-7.
 constexpr int kTileA = 4, kTileB = 6;
@@ -168,4 +169,4 @@ void amx_or_twin(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, cons
   kTiles(w, e, b0, b1, a, c, ldc);
 }
 
-}  // namespace moe_cpu::kernels
+MOE_ISA_END

@@ -1,5 +1,5 @@
 // amx_tiles.h — the thin tile interface the AMX kernels are written against, with two backends:
-// AmxTiles, the intrinsics (compiled with -mamx-tile -mamx-int8 -mamx-bf16; runs only where
+// AmxTiles, the intrinsics (in the ISA region of the word amx only, kernels/isa.h; runs only where
 // dispatch found AMX and the OS granted the tile state), and TileModel, a scalar model of the eight
 // tile registers written from the pseudo-code of Intel's SDM for each instruction, so that the kernels
 // run on every x86 host (the `amx_model` ISA level; a test path, not a speed path).
@@ -12,8 +12,11 @@
 #include <cstdlib>
 #include <cstring>
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)
+#ifdef MOE_ISA  // TileConfig and TileModel are portable code, shared by every file that includes this
+#include "kernels/isa.h"
+#if MOE_ISA_TILES
 #include <immintrin.h>
+#endif
 #endif
 
 namespace moe_cpu::kernels {
@@ -26,7 +29,10 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)
+}  // namespace moe_cpu::kernels
+
+#if defined(MOE_ISA) && MOE_ISA_TILES
+MOE_ISA_BEGIN
 // The intrinsics take the tile number as a literal (they paste it into the register name): one branch
 // per tile, chosen at compile time.
 #define MOE_TILE_EACH(t, OP) \
@@ -74,7 +80,10 @@ struct AmxTiles {
 };
 #undef MOE_TILE_EACH
 #undef MOE_TILE_DOT
+MOE_ISA_END
 #endif
+
+namespace moe_cpu::kernels {
 
 // Tile registers of the calling thread, as the SDM describes them: 16 rows of 64 bytes each, of which
 // a configured tile uses rows[t] rows of colsb[t] bytes; every write zeroes the rest of the tile. The

@@ -13,8 +13,9 @@
 #include "common/layout.h"
 #include "kernels/amx_panels.h"
 #include "kernels/amx_scratch.h"
+#include "kernels/isa.h"
 
-namespace moe_cpu::kernels {
+MOE_ISA_BEGIN
 
 template <class T, bool kFp8>
 void float_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
@@ -34,7 +35,7 @@ void float_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
   T::configure(tile_config(64));
   for (int64_t b = b0; b < b1; b += 2) {
     const int64_t nj = std::min<int64_t>(2, b1 - b);
-    if constexpr (kFp8 && T::kSimdPanels) decode_fp8_avx512(w, e, b, nj, Kt, Bw);
+    if constexpr (kFp8 && T::kSimdPanels) amx::decode_fp8_avx512(w, e, b, nj, Kt, Bw);
     else if constexpr (kFp8) decode_fp8(w, e, b, nj, Kt, Bw);
     const PanelSteps panel(w, e, b, kFp8 ? 0 : nj, brow, tail);
     const auto bsrc = [&](int64_t j, int64_t s) -> const void* {
@@ -65,4 +66,4 @@ void float_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
   T::release();
 }
 
-}  // namespace moe_cpu::kernels
+MOE_ISA_END

@@ -19,8 +19,9 @@
 
 #include "common/layout.h"
 #include "kernels/tile_driver.h"
+#include "kernels/isa.h"
 
-namespace moe_cpu::kernels {
+MOE_ISA_BEGIN
 
 // One k-step of a panel as fp32: w[0], w[1] = columns 0-7, 8-15 at k; w[2], w[3] the same at k+1.
 // fp8 values are code / 256 (the 256 goes into the scale).
@@ -259,4 +260,4 @@ struct FloatAvx2 {
   }
 };
 
-}  // namespace moe_cpu::kernels
+MOE_ISA_END

@@ -12,8 +12,9 @@
 
 #include "common/layout.h"
 #include "kernels/tile_driver.h"
+#include "kernels/isa.h"
 
-namespace moe_cpu::kernels {
+MOE_ISA_BEGIN
 
 // acc += a.even * b.even + a.odd * b.odd (bf16 pairs); inline asm keeps the accumulator in place.
 inline void dpbf16(__m512& acc, __m512i w, __m512i a) {
@@ -172,4 +173,4 @@ struct FloatBf16 {
   };
 };
 
-}  // namespace moe_cpu::kernels
+MOE_ISA_END

@@ -12,8 +12,9 @@
 
 #include "common/layout.h"
 #include "kernels/tile_driver.h"
+#include "kernels/isa.h"
 
-namespace moe_cpu::kernels {
+MOE_ISA_BEGIN
 
 // 4 e4m3fn codes in 32-bit lanes -> their float values, exact.
 inline float32x4_t e4m3_lanes_to_f32(uint32x4_t c) {
@@ -121,4 +122,4 @@ struct FloatNeon {
   };
 };
 
-}  // namespace moe_cpu::kernels
+MOE_ISA_END

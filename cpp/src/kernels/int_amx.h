@@ -15,8 +15,9 @@
 #include "common/layout.h"
 #include "kernels/amx_panels.h"
 #include "kernels/amx_scratch.h"
+#include "kernels/isa.h"
 
-namespace moe_cpu::kernels {
+MOE_ISA_BEGIN
 
 // The per (column, group) terms of column pair [b, b + nj), 32 columns per group.
 struct IntPairTerms {
@@ -81,7 +82,7 @@ void int_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, con
   T::configure(tile_config(ka));
   for (int64_t b = b0; b < b1; b += 2) {
     const int64_t nj = std::min<int64_t>(2, b1 - b);
-    if constexpr (kInt4 && T::kSimdPanels) widen_int4_avx512(w, e, b, nj, Kt, Bw);
+    if constexpr (kInt4 && T::kSimdPanels) amx::widen_int4_avx512(w, e, b, nj, Kt, Bw);
     else if constexpr (kInt4) widen_int4(w, e, b, nj, Kt, Bw);
     const PanelSteps panel(w, e, b, kInt4 ? 0 : nj, brow, tail);
     const auto bsrc = [&](int64_t j, int64_t s) -> const uint8_t* {
@@ -127,4 +128,4 @@ void int_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, con
   T::release();
 }
 
-}  // namespace moe_cpu::kernels
+MOE_ISA_END

@@ -25,8 +25,9 @@
 
 #include "common/layout.h"
 #include "kernels/tile_driver.h"
+#include "kernels/isa.h"
 
-namespace moe_cpu::kernels {
+MOE_ISA_BEGIN
 
 enum class IntDot { kMaddubs, kVnniVex, kVnniEvex };
 // How int4 codes become multiplier bytes: as stored, through code_table, or as |codebook| with the
@@ -300,4 +301,4 @@ void int4_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
   }
 }
 
-}  // namespace moe_cpu::kernels
+MOE_ISA_END

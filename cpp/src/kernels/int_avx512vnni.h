@@ -15,8 +15,9 @@
 
 #include "common/layout.h"
 #include "kernels/tile_driver.h"
+#include "kernels/isa.h"
 
-namespace moe_cpu::kernels {
+MOE_ISA_BEGIN
 
 inline int32_t load_i32(const int8_t* p) {
   int32_t v;
@@ -261,4 +262,4 @@ void int8_vnni_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
   else int_vnni_gemm_offset<false, false, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
 }
 
-}  // namespace moe_cpu::kernels
+MOE_ISA_END

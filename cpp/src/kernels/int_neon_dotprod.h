@@ -14,8 +14,9 @@
 
 #include "common/layout.h"
 #include "kernels/tile_driver.h"
+#include "kernels/isa.h"
 
-namespace moe_cpu::kernels {
+MOE_ISA_BEGIN
 
 inline int8x16_t dup4(const int8_t* p) {
   int32_t v;
@@ -103,4 +104,4 @@ void int4_neon_dot_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b
   else drive<IntNeonDot<true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
 }
 
-}  // namespace moe_cpu::kernels
+MOE_ISA_END

@@ -16,8 +16,9 @@
 
 #include "common/layout.h"
 #include "kernels/tile_driver.h"
+#include "kernels/isa.h"
 
-namespace moe_cpu::kernels {
+MOE_ISA_BEGIN
 
 template <bool kInt4, bool kTbl = false>
 struct IntNeonMmla {
@@ -119,4 +120,4 @@ void int4_neon_mmla_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t 
   else drive<IntNeonMmla<true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
 }
 
-}  // namespace moe_cpu::kernels
+MOE_ISA_END

@@ -9,8 +9,9 @@
 
 #include "dispatch/registry.h"
 #include "moe/int_forms.h"
+#include "kernels/isa.h"
 
-namespace moe_cpu::kernels {
+MOE_ISA_BEGIN
 
 // The last `rem` rows (rem < R) of blocks [b, b+J) in one call of the matching tile height.
 template <template <int, int> class Micro, int R, int J>
@@ -128,4 +129,4 @@ inline int valid_cols(const PackedExperts& w, int64_t b) {
   return int(std::min<int64_t>(16, w.out_features - 16 * b));
 }
 
-}  // namespace moe_cpu::kernels
+MOE_ISA_END

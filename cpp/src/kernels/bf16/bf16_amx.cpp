@@ -4,6 +4,7 @@
 // Packed weights: common/layout.h bf16 panels, read in place as B tiles.
 // Needs: kFeatAmxKernels (AMX-TILE, INT8, BF16 with the tile state granted; AVX-512 VNNI, BF16, VBMI).
 // Limits: any M, N, K.
+#define MOE_ISA amx  // kernels/isa.h: this file's ISA region
 #include "kernels/float_amx.h"
 #include "moe_cpu/cpu_features.h"
 

@@ -3,6 +3,7 @@
 // Packed weights: common/layout.h bf16 panels (16 columns x 2 k per row).
 // Numerics: exact bf16 products, fp32 sums (vdpbf16ps flushes bf16 subnormals to zero).
 // Needs: AVX512F, AVX512BW, AVX512_BF16. Limits: any M, N, K.
+#define MOE_ISA avx512bf16  // kernels/isa.h: this file's ISA region
 #include "kernels/float_avx512bf16.h"
 #include "moe_cpu/cpu_features.h"
 

@@ -2,6 +2,7 @@
 // Tile: 4 rows x 16 columns (16 float32x4 accumulators), K step 2 (one BFDOT per 16-byte panel quarter).
 // Packed weights: common/layout.h bf16 panels. Numerics: BFDOT's fp32 sums of bf16 products.
 // Needs: AdvSIMD + BF16. Limits: any M, N, K.
+#define MOE_ISA neon_bf16  // kernels/isa.h: this file's ISA region
 #include "kernels/float_neon.h"
 #include "moe_cpu/cpu_features.h"
 

@@ -5,6 +5,7 @@
 // Packed weights: common/layout.h fp8 panels.
 // Needs: kFeatAmxKernels (AMX-TILE, INT8, BF16 with the tile state granted; AVX-512 VNNI, BF16, VBMI).
 // Limits: block_k a multiple of 32 (or one K-block).
+#define MOE_ISA amx  // kernels/isa.h: this file's ISA region
 #include "kernels/float_amx.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"

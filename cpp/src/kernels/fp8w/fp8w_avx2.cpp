@@ -3,6 +3,7 @@
 // 256 x the column's block scale. Up to 4 rows: widened in registers; more: 6x16 tiles over an fp32
 // scratch widened once per panel chunk (float_avx2.h). Packed weights: common/layout.h fp8 panels.
 // Needs: AVX2, FMA. Limits: any M, N; block_k even (or one K-block).
+#define MOE_ISA avx2  // kernels/isa.h: this file's ISA region
 #include "kernels/float_avx2.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"

@@ -3,6 +3,7 @@
 // in registers (exact), then one vdpbf16ps per row; each K-block's fp32 sum is multiplied by the
 // column's block scale. Packed weights: common/layout.h fp8 panels; scales per (column, K-block).
 // Needs: AVX512F, AVX512BW, AVX512_BF16. Limits: any M, N; block_k even (or one K-block).
+#define MOE_ISA avx512bf16  // kernels/isa.h: this file's ISA region
 #include "kernels/float_avx512bf16.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"

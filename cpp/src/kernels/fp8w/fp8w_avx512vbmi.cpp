@@ -6,6 +6,7 @@
 // M = 1024 on Zen 5); each K-block's fp32 sum times the column's block scale.
 // Packed weights: common/layout.h fp8 panels.
 // Needs: AVX512F, AVX512BW, AVX512_BF16, AVX512_VBMI. Limits: any M, N; block_k even (or one K-block).
+#define MOE_ISA avx512vbmi  // kernels/isa.h: this file's ISA region
 #include "kernels/float_avx512bf16.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"

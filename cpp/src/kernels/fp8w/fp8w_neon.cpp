@@ -2,6 +2,7 @@
 // fp32 in registers (exact), fp32 FMA, each K-block's sum times the column's block scale.
 // Tile: 2 rows x 16 columns (block and running sums: 16 float32x4 registers), K step 2.
 // Needs: AdvSIMD. Limits: any M, N; block_k even (or one K-block).
+#define MOE_ISA neon  // kernels/isa.h: this file's ISA region
 #include "kernels/float_neon.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"

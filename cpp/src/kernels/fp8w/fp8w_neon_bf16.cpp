@@ -2,6 +2,7 @@
 // widened and decoded to bf16 in registers (exact), one BFDOT per row, K-block sums times the block scale.
 // Tile: 4 rows x 16 columns. Packed weights: common/layout.h fp8 panels.
 // Needs: AdvSIMD + BF16. Limits: any M, N; block_k even (or one K-block).
+#define MOE_ISA neon_bf16  // kernels/isa.h: this file's ISA region
 #include "kernels/float_neon.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"

@@ -7,6 +7,7 @@
 // scratch per column pair and call.
 // Needs: kFeatAmxKernels (AMX-TILE, INT8, BF16 with the tile state granted; AVX-512 VNNI, BF16, VBMI).
 // Limits: groups a multiple of 32 (or per channel).
+#define MOE_ISA amx  // kernels/isa.h: this file's ISA region
 #include "kernels/int_amx.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"

@@ -4,6 +4,7 @@
 // Scales and mins: fp32 per (column, group), or K-quant integers (d * int8 scales, dmin * int16 mins per
 // run of 8 groups) turned into the same fp32 values per group.
 // Needs: AVX2, FMA. Limits: any M, any N, K % group == 0.
+#define MOE_ISA avx2  // kernels/isa.h: this file's ISA region
 #include "kernels/int_avx2.h"
 #include "moe_cpu/cpu_features.h"
 

@@ -7,6 +7,7 @@
 // Scales: fp32 per (column, group), or as integer scales (K-quants, IQ4_XS) an int8 per (column, group)
 // times an fp32 per run of 8 groups; group a multiple of 32 (or per channel).
 // Needs: AVX512F, AVX512BW, AVX512VNNI. Limits: any M, any N (tail masked), K % group == 0.
+#define MOE_ISA avx512vnni  // kernels/isa.h: this file's ISA region
 #include "kernels/int_avx512vnni.h"
 #include "moe_cpu/cpu_features.h"
 

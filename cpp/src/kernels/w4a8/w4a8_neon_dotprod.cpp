@@ -2,6 +2,7 @@
 // Tile: 4 rows x 16 columns (16 int32x4 accumulators), K step 8 (two SDOT per 16-byte panel quarter).
 // Packed weights: common/layout.h int4 panels; zero points removed via the group activation sums.
 // Needs: AdvSIMD + dotprod. Limits: any M, any N, K % group == 0.
+#define MOE_ISA neon_dotprod  // kernels/isa.h: this file's ISA region
 #include "kernels/int_neon_dotprod.h"
 #include "moe_cpu/cpu_features.h"
 

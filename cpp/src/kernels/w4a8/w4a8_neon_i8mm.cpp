@@ -2,6 +2,7 @@
 // Tile: 4 rows x 16 columns (2 row pairs x 8 column pairs of 2x2 int32 tiles), K step 8 (the low and
 // high nibbles of one panel row). Packed weights: common/layout.h int4 panels.
 // Needs: AdvSIMD + i8mm. Limits: any M, any N, K % group == 0.
+#define MOE_ISA neon_i8mm  // kernels/isa.h: this file's ISA region
 #include "kernels/int_neon_i8mm.h"
 #include "moe_cpu/cpu_features.h"
 

@@ -4,6 +4,7 @@
 // Packed weights: common/layout.h int8 panels (u = w + 128), read in place as B tiles.
 // Needs: kFeatAmxKernels (AMX-TILE, INT8, BF16 with the tile state granted; AVX-512 VNNI, BF16, VBMI).
 // Limits: groups a multiple of 32 (or per channel) and at most 65536 long.
+#define MOE_ISA amx  // kernels/isa.h: this file's ISA region
 #include "kernels/int_amx.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"

@@ -2,6 +2,7 @@
 // vpmaddwd, which cannot saturate int16 (|w| <= 128, |a| <= 127).
 // Tile: 4 rows x 16 columns, K step 4. Packed weights: common/layout.h int8 panels (w + 128).
 // Needs: AVX2, FMA. Limits: any M, N; group length <= 65536.
+#define MOE_ISA avx2  // kernels/isa.h: this file's ISA region
 #include "kernels/int_avx2.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"

@@ -2,6 +2,7 @@
 // on the stored bytes w + 128; 128 * the group's activation sum is subtracted after the group).
 // Tile: 4 rows x 16 columns, K step 4. Packed weights: common/layout.h int8 panels.
 // Needs: AVX2, FMA, AVX-VNNI. Limits: any M, N; group length <= 65536.
+#define MOE_ISA avx2vnni  // kernels/isa.h: this file's ISA region
 #include "kernels/int_avx2.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"

@@ -3,6 +3,7 @@
 // Packed weights: common/layout.h int8 panels, stored as w + 128 (unsigned operand of vpdpbusd).
 // Scales: fp32 per (column, group) or per channel; mins as in w4a8_avx512vnni.cpp.
 // Needs: AVX512F, AVX512BW, AVX512VNNI. Limits: any M, any N; group length <= 65536 (int32 sums).
+#define MOE_ISA avx512vnni  // kernels/isa.h: this file's ISA region
 #include "kernels/int_avx512vnni.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"

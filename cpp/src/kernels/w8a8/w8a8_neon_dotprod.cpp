@@ -2,6 +2,7 @@
 // the stored w + 128 has its top bit flipped back to w).
 // Tile: 4 rows x 16 columns, K step 4. Packed weights: common/layout.h int8 panels.
 // Needs: AdvSIMD + dotprod. Limits: any M, N; group length <= 65536.
+#define MOE_ISA neon_dotprod  // kernels/isa.h: this file's ISA region
 #include "kernels/int_neon_dotprod.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"

@@ -2,6 +2,7 @@
 // Tile: 4 rows x 16 columns, K step 8 (two panel rows zipped into each column pair's 8-k operand).
 // Packed weights: common/layout.h int8 panels (w + 128, top bit flipped back).
 // Needs: AdvSIMD + i8mm. Limits: any M, N; group length a multiple of 8 (or one group), <= 65536.
+#define MOE_ISA neon_i8mm  // kernels/isa.h: this file's ISA region
 #include "kernels/int_neon_i8mm.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"

@@ -1,0 +1,47 @@
+// isa.h — where ISA code lives: the ISA region of a kernel header (docs/ARCHITECTURE.md, section 4).
+// No file is compiled with ISA flags. A kernel .cpp names its ISA word first (`#define MOE_ISA avx2`), then
+// includes its kernel headers; each opens MOE_ISA_BEGIN after its #includes and closes MOE_ISA_END at its
+// end. Between them the code is compiled for the word's target and lies in namespace
+// moe_cpu::kernels::<word>, so nothing it defines can be the copy the linker keeps for another ISA or for
+// portable code. What the region calls from outside it (the standard library, common/, moe/) is compiled
+// for the baseline in every file, ISA files included. A using-directive after each region lets the file
+// write kernels::name. scripts/isa_audit.py reads the words below and checks the built objects.
+#pragma once
+
+#ifndef MOE_ISA
+#error "define MOE_ISA (the file's ISA word, kernels/isa.h) before including a kernel header"
+#endif
+
+// The target of each word (what `#pragma GCC target` takes); a word without one is the baseline.
+#define MOE_ISA_TARGET_avx2 MOE_ISA_TARGET_PRAGMA("avx2,fma,f16c")
+#define MOE_ISA_TARGET_avx2vnni MOE_ISA_TARGET_PRAGMA("avx2,fma,f16c,avxvnni")
+#define MOE_ISA_TARGET_avx2vnni_evex MOE_ISA_TARGET_PRAGMA("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+#define MOE_ISA_TARGET_avx512vnni MOE_ISA_TARGET_PRAGMA("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")
+#define MOE_ISA_TARGET_avx512bf16 MOE_ISA_TARGET_PRAGMA("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
+#define MOE_ISA_TARGET_avx512vbmi MOE_ISA_TARGET_PRAGMA("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx512vbmi")
+#define MOE_ISA_TARGET_amx MOE_ISA_TARGET_PRAGMA("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx512vbmi,avx512vnni,amx-tile,amx-int8,amx-bf16")
+#define MOE_ISA_TARGET_amx_model
+#define MOE_ISA_TARGET_neon
+#define MOE_ISA_TARGET_neon_dotprod MOE_ISA_TARGET_PRAGMA("arch=armv8.2-a+dotprod")
+#define MOE_ISA_TARGET_neon_i8mm MOE_ISA_TARGET_PRAGMA("arch=armv8.2-a+i8mm")
+#define MOE_ISA_TARGET_neon_bf16 MOE_ISA_TARGET_PRAGMA("arch=armv8.2-a+bf16")
+// Words whose region holds the real tile instructions (amx_tiles.h's AmxTiles).
+#define MOE_ISA_TILES_amx 1
+
+#define MOE_ISA_CAT_(a, b) a##b
+#define MOE_ISA_CAT(a, b) MOE_ISA_CAT_(a, b)
+#define MOE_ISA_TARGET MOE_ISA_CAT(MOE_ISA_TARGET_, MOE_ISA)
+#define MOE_ISA_TARGET_PRAGMA(s) MOE_ISA_PRAGMA(GCC target(s))
+#define MOE_ISA_TILES MOE_ISA_CAT(MOE_ISA_TILES_, MOE_ISA)
+#define MOE_ISA_PRAGMA_(x) _Pragma(#x)
+#define MOE_ISA_PRAGMA(x) MOE_ISA_PRAGMA_(x)
+
+#define MOE_ISA_BEGIN            \
+  MOE_ISA_PRAGMA(GCC push_options) \
+  MOE_ISA_TARGET namespace moe_cpu::kernels::MOE_ISA {
+#define MOE_ISA_END                     \
+  }                                     \
+  MOE_ISA_PRAGMA(GCC pop_options)       \
+  namespace moe_cpu::kernels {          \
+  using namespace MOE_ISA;              \
+  }

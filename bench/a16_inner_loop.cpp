@@ -8,7 +8,8 @@
 //                activations; AVX2: codes -> fp32 (vpmovzxbd + vcvtdq2ps), vfmadd231ps with fp32 activations;
 //   a16 int16 (b): codes widened to words, vpdpwssd (AVX-512 VNNI) / vpmaddwd + vpaddd (AVX2) with int16
 //                activations (one scale per group of 128 here).
-// Each result is checked per column against float64 on the unquantized activations. Standalone:
+// Each result is checked per column against float64 on the unquantized activations. Then the peak of each
+// design's product instruction (the bound of prefill, where a widened panel chunk is reused from L1). Standalone:
 //   g++ -O2 bench/a16_inner_loop.cpp -o /tmp/a16_inner_loop && /tmp/a16_inner_loop
 #include <immintrin.h>
 
@@ -281,6 +282,41 @@ AVX2 void a16_int16_avx2(const Data& d, const GroupSums& gs, float out[kPanels][
   }
 }
 
+// ---- Peaks: the multiply-adds per second of each design's product instruction, 12 independent chains ------------
+#define R12(I, S) I " %%" S "13, %%" S "14, %%" S "0\n" I " %%" S "13, %%" S "14, %%" S "1\n" I " %%" S "13, %%" S "14, %%" S "2\n" \
+  I " %%" S "13, %%" S "14, %%" S "3\n" I " %%" S "13, %%" S "14, %%" S "4\n" I " %%" S "13, %%" S "14, %%" S "5\n"          \
+  I " %%" S "13, %%" S "14, %%" S "6\n" I " %%" S "13, %%" S "14, %%" S "7\n" I " %%" S "13, %%" S "14, %%" S "8\n"          \
+  I " %%" S "13, %%" S "14, %%" S "9\n" I " %%" S "13, %%" S "14, %%" S "10\n" I " %%" S "13, %%" S "14, %%" S "11\n"
+// vpmaddwd + vpaddd: 12 products into ymm12 / ymm15 scratch, added to 12 accumulators... one pair per chain
+#define MADD12                                                                                                   \
+  "vpmaddwd %%ymm13, %%ymm14, %%ymm12\n vpaddd %%ymm12, %%ymm0, %%ymm0\n vpmaddwd %%ymm13, %%ymm14, %%ymm15\n"      \
+  "vpaddd %%ymm15, %%ymm1, %%ymm1\n vpmaddwd %%ymm13, %%ymm14, %%ymm12\n vpaddd %%ymm12, %%ymm2, %%ymm2\n"         \
+  "vpmaddwd %%ymm13, %%ymm14, %%ymm15\n vpaddd %%ymm15, %%ymm3, %%ymm3\n vpmaddwd %%ymm13, %%ymm14, %%ymm12\n"      \
+  "vpaddd %%ymm12, %%ymm4, %%ymm4\n vpmaddwd %%ymm13, %%ymm14, %%ymm15\n vpaddd %%ymm15, %%ymm5, %%ymm5\n"         \
+  "vpmaddwd %%ymm13, %%ymm14, %%ymm12\n vpaddd %%ymm12, %%ymm6, %%ymm6\n vpmaddwd %%ymm13, %%ymm14, %%ymm15\n"      \
+  "vpaddd %%ymm15, %%ymm7, %%ymm7\n vpmaddwd %%ymm13, %%ymm14, %%ymm12\n vpaddd %%ymm12, %%ymm8, %%ymm8\n"         \
+  "vpmaddwd %%ymm13, %%ymm14, %%ymm15\n vpaddd %%ymm15, %%ymm9, %%ymm9\n vpmaddwd %%ymm13, %%ymm14, %%ymm12\n"      \
+  "vpaddd %%ymm12, %%ymm10, %%ymm10\n vpmaddwd %%ymm13, %%ymm14, %%ymm15\n vpaddd %%ymm15, %%ymm11, %%ymm11\n"
+#define CLOBBER "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm15", "cc"
+#define PEAK(name, body, tgt)                                                                         \
+  __attribute__((target(tgt))) double name(long n) {                                                  \
+    const auto t0 = std::chrono::steady_clock::now();                                                  \
+    for (long i = 0; i < n; ++i) asm volatile(body : : : CLOBBER);                                     \
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(n);   \
+  }
+PEAK(peak_dpbusd, R12("vpdpbusd", "zmm"), "avx512f,avx512vnni")
+PEAK(peak_dpwssd, R12("vpdpwssd", "zmm"), "avx512f,avx512vnni")
+PEAK(peak_dpbf16, R12("vdpbf16ps", "zmm"), "avx512f,avx512bf16")
+PEAK(peak_fma_ymm, R12("vfmadd231ps", "ymm"), "avx2,fma")
+PEAK(peak_madd_ymm, MADD12, "avx2")
+
+// GMAC/s of one core: best of 5 runs, `macs` multiply-adds per iteration
+double gmacs(double (*f)(long), double macs) {
+  double best = 1e30;
+  for (int r = 0; r < 5; ++r) best = std::min(best, f(2000000));
+  return macs / best * 1e-9;
+}
+
 using Fn = void (*)(const Data&, const GroupSums&, float[kPanels][16]);
 
 double max_rel_err(float got[kPanels][16], double want[kPanels][16]) {
@@ -340,4 +376,12 @@ int main() {
     if (std::strncmp(r.name, "w4a8", 4) == 0) base = ns;
     std::printf("%-7s %-36s %9.3f %12.2f %9.2f %10.1e\n", r.tier, r.name, ns, 64 / ns, ns / base, err);
   }
+  // Prefill runs the product instruction on panels widened once into L1: its peak bounds each design.
+  std::printf("\nproduct instruction peaks, one core (GMAC/s; 12 independent chains)\n");
+  if (avx512)
+    std::printf("avx512  vpdpbusd (w4a8) %.0f | vpdpwssd (b) %.0f | vdpbf16ps (a) %.0f\n", gmacs(peak_dpbusd, 12 * 64.),
+                gmacs(peak_dpwssd, 12 * 32.), gmacs(peak_dpbf16, 12 * 32.));
+  if (avx2)
+    std::printf("avx2    vfmadd231ps (a) %.0f | vpmaddwd + vpaddd (b) %.0f\n", gmacs(peak_fma_ymm, 12 * 8.),
+                gmacs(peak_madd_ymm, 12 * 16.));
 }

@@ -93,13 +93,12 @@ void reference(const Data& d, double out[kPanels][16]) {
 // Group sums of the activations: the u = q + 8 offset (sum of a * u - 8 * sum of a) for every path.
 struct GroupSums {
   int32_t a8[kG];
-  float af[kG];
   int32_t a16[kG];
 };
 GroupSums group_sums(const Data& d) {
   GroupSums s{};
   for (int gi = 0; gi < kG; ++gi)
-    for (int k = gi * kGroup; k < (gi + 1) * kGroup; ++k) s.a8[gi] += d.a8[k], s.af[gi] += d.af[k], s.a16[gi] += d.a16[k];
+    for (int k = gi * kGroup; k < (gi + 1) * kGroup; ++k) s.a8[gi] += d.a8[k], s.a16[gi] += d.a16[k];
   return s;
 }
 
@@ -219,7 +218,7 @@ AVX2 void w4a8_avx2(const Data& d, const GroupSums& gs, float out[kPanels][16]) 
 
 // (a) on AVX2: each code widened to fp32 (u - 8, exact), one FMA per weight with the fp32 (bf16-valued)
 // activations; an accumulator per column pair, so each column's sum is recoverable.
-AVX2 void a16_f32_avx2_cols(const Data& d, const GroupSums& gs, float out[kPanels][16]) {
+AVX2 void a16_f32_avx2(const Data& d, const GroupSums& gs, float out[kPanels][16]) {
   const __m256i low4 = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
   for (int p = 0; p < kPanels; ++p) {
     __m256 acc[8] = {};
@@ -287,7 +286,7 @@ AVX2 void a16_int16_avx2(const Data& d, const GroupSums& gs, float out[kPanels][
   I " %%" S "13, %%" S "14, %%" S "3\n" I " %%" S "13, %%" S "14, %%" S "4\n" I " %%" S "13, %%" S "14, %%" S "5\n"          \
   I " %%" S "13, %%" S "14, %%" S "6\n" I " %%" S "13, %%" S "14, %%" S "7\n" I " %%" S "13, %%" S "14, %%" S "8\n"          \
   I " %%" S "13, %%" S "14, %%" S "9\n" I " %%" S "13, %%" S "14, %%" S "10\n" I " %%" S "13, %%" S "14, %%" S "11\n"
-// vpmaddwd + vpaddd: 12 products into ymm12 / ymm15 scratch, added to 12 accumulators... one pair per chain
+// vpmaddwd + vpaddd: 12 chains, each product (alternately in ymm12 / ymm15) added to its accumulator
 #define MADD12                                                                                                   \
   "vpmaddwd %%ymm13, %%ymm14, %%ymm12\n vpaddd %%ymm12, %%ymm0, %%ymm0\n vpmaddwd %%ymm13, %%ymm14, %%ymm15\n"      \
   "vpaddd %%ymm15, %%ymm1, %%ymm1\n vpmaddwd %%ymm13, %%ymm14, %%ymm12\n vpaddd %%ymm12, %%ymm2, %%ymm2\n"         \
@@ -359,7 +358,7 @@ int main() {
       {"avx512", "a16 bf16 (a: vpermw + vdpbf16ps)", a16_bf16_avx512, avx512},
       {"avx512", "a16 int16 (b: vpdpwssd)", a16_int16_avx512, avx512},
       {"avx2", "w4a8 (vpmaddubsw + vpmaddwd)", w4a8_avx2, avx2},
-      {"avx2", "a16 fp32 (a: cvt + vfmadd231ps)", a16_f32_avx2_cols, avx2},
+      {"avx2", "a16 fp32 (a: cvt + vfmadd231ps)", a16_f32_avx2, avx2},
       {"avx2", "a16 int16 (b: vpmaddwd + vpaddd)", a16_int16_avx2, avx2},
   };
   std::printf("decode inner loop, one row, int4 panels L2-resident (%d KiB), K %d, groups of %d\n",

@@ -109,11 +109,13 @@ def symbols(lines):
     return syms
 
 
-def above_baseline(arch, insn):
-    parts = insn.split("\t")  # "   addr:", the instruction (objdump -d --no-show-raw-insn)
-    if len(parts) < 2:
-        return False
-    text = parts[-1].strip()
+def insn_text(line):
+    """The instruction of an objdump -d --no-show-raw-insn line ("   addr:\tinsn")."""
+    return line.split("\t")[-1].strip()
+
+
+def above_baseline(arch, line):
+    text = insn_text(line)
     mnem = text.split()[0] if text else ""
     if arch == "x86":
         if X86_REGS.search(text):
@@ -133,7 +135,7 @@ def isa_flags(readelf, obj_path):
         text = run([readelf, "-p", ".GCC.command.line", obj_path])
     except subprocess.CalledProcessError:
         return None
-    if ".GCC.command.line" not in text and "String dump" not in text:
+    if "String dump" not in text:  # no such section
         return None
     opts = re.findall(r"\s(-m\S+)", text)
     return sorted({o for o in opts if not NEUTRAL_M.match(o)})
@@ -144,7 +146,9 @@ def audit(paths, objdump, readelf, words):
     for path in objects(paths):
         dis = members(run([objdump, "-d", "--no-show-raw-insn", "-w", path]))
         tab = members(run([objdump, "-t", "-w", path]))
-        flags = isa_flags(readelf, path) if not path.endswith(".a") else None
+        flags = None if path.endswith(".a") else isa_flags(readelf, path)
+        if flags is None and not path.endswith(".a"):
+            unrecorded.append(path)
         for member, (fmt, lines) in tab.items():
             n_obj += 1
             arch = "arm" if "aarch64" in fmt else "x86"
@@ -158,8 +162,6 @@ def audit(paths, objdump, readelf, words):
                     code.setdefault(cur, [])
                 elif cur and line.startswith(" "):
                     code[cur].append(line)
-            if flags is None and not path.endswith(".a"):
-                unrecorded.append(path)
             for name, (weak, fn) in sorted(syms.items()):
                 if isa_scoped(name, words):
                     n_isa += 1
@@ -170,7 +172,7 @@ def audit(paths, objdump, readelf, words):
                     n_fun += 1
                     bad = next((i for i in code.get(name, []) if above_baseline(arch, i)), None)
                     if bad:
-                        leaks.append((member, name, "above-baseline code outside an ISA namespace: %s" % bad.split("\t")[-1].strip()))
+                        leaks.append((member, name, "above-baseline code outside an ISA namespace: %s" % insn_text(bad)))
     return leaks, n_obj, n_fun, n_isa, unrecorded
 
 
@@ -195,8 +197,8 @@ def main():
     if n_obj == 0:
         sys.exit("isa_audit: no object files under %s" % " ".join(a.paths))
     if leaks:
-        names = demangle(sorted({s for _, s, _ in leaks}))
-        pretty = dict(zip(sorted({s for _, s, _ in leaks}), names))
+        names = sorted({s for _, s, _ in leaks})
+        pretty = dict(zip(names, demangle(names)))
         for member, sym, why in leaks:
             print("LEAK %s: %s: %s" % (member, pretty[sym], why))
         print("isa_audit: %d leak(s) in %d objects" % (len(leaks), n_obj))

@@ -451,30 +451,26 @@ TEST(FusedExperts, DispatchedPathMatchesReferenceForEveryScheme) {
   const std::string level = forced_isa();
   for (Scheme s : {Scheme::kInt4W4A8, Scheme::kInt8W8A8, Scheme::kFp8W8A16, Scheme::kBf16}) {
     const int64_t group = s == Scheme::kInt4W4A8 ? 32 : -1;
-    auto run = [&](std::vector<float>& out, std::string* kernel) {
+    auto run = [&](std::vector<float>& out, const KernelDesc** kernel) {
       PackedExperts w13 = quantize_experts(L.w13.data(), E, 2 * I, H, s, group, 32, 64);
       PackedExperts w2 = quantize_experts(L.w2.data(), E, H, I, s, group, 32, 64);
-      *kernel = w13.kernel->name;
+      *kernel = w13.kernel;
       FusedMoeArgs a;
       a.x = x.data(), a.M = M, a.H = H, a.w13 = &w13, a.w2 = &w2, a.topk_weights = tw.data();
       a.topk_ids = ids.data(), a.k = k, a.out = out.data();
       fused_experts(a);
     };
     std::vector<float> got(size_t(M * H)), want(size_t(M * H));
-    std::string kernel, ref_kernel;
-    run(got, &kernel);
-    const std::string precision = kernel.substr(0, kernel.find('_')), want_isa = expected_isa(precision.c_str());
-    if (std::getenv("MOE_CPU_EXPECT_ISA")) {
-      const KernelDesc* kd = nullptr;
-      for (const KernelDesc* d : all_kernels())
-        if (kernel == d->name) kd = d;
-      ASSERT_NE(kd, nullptr) << kernel;
-      EXPECT_EQ(std::string(kd->isa), want_isa) << "dispatch chose " << kernel << " for " << precision;
-    }
+    const KernelDesc *kd = nullptr, *ref = nullptr;
+    run(got, &kd);
+    const std::string kernel = kd->name, precision = kernel.substr(0, kernel.find('_'));
+    if (std::getenv("MOE_CPU_EXPECT_ISA"))
+      EXPECT_EQ(std::string(kd->isa), expected_isa(precision.c_str())) << "dispatch chose " << kernel << " for " << precision;
     RecordProperty("kernel_" + precision, kernel);
     force_isa("reference");
-    run(want, &ref_kernel);
+    run(want, &ref);
     force_isa(level);
+    const std::string ref_kernel = ref->name;
     ASSERT_NE(ref_kernel.find("reference"), std::string::npos);
     std::vector<double> wd(want.begin(), want.end());
     EXPECT_LT(test::rel_max_err(got, wd), is_int_scheme(s) ? 2e-2 : 5e-3) << kernel << " vs " << ref_kernel;

@@ -107,9 +107,7 @@ void bind_moe(py::module_& m) {
     Ptr w13 = packed_arg(w13_h, "w13"), w2 = packed_arg(w2_h, "w2");
     auto f = array_arg(f_h, "fused_experts_out", {dt == DType::kF32 ? ElemType::kF32 : ElemType::kU16}, 2);
     require_shape(f, "fused_experts_out", {x.shape(0), x.shape(1)}, "the shape of hidden_states [M, H]");
-    if (w13->scheme != w2->scheme && !(is_int_scheme(w13->scheme) && is_int_scheme(w2->scheme)))
-      throw ValueError(msg("w13 is packed as ", scheme_name(w13->scheme), " but w2 as ", scheme_name(w2->scheme),
-                           "; the shared expert takes the same scheme for both, or int4_w4a8 / int8_w8a8 in any pair"));
+    check_scheme_pair(*w13, *w2, "the shared expert");
     if (w13->in_features != x.shape(1) || w2->out_features != x.shape(1) || w13->out_features != 2 * w2->in_features)
       throw ValueError(msg("shared expert shapes do not fit: w13 [1, ", w13->out_features, ", ", w13->in_features,
                            "], w2 [1, ", w2->out_features, ", ", w2->in_features, "], hidden_states H = ", x.shape(1),

@@ -109,6 +109,15 @@ std::vector<int32_t> k_perm_arg(py::handle h, int64_t E, int64_t K) {
   return std::vector<int32_t>(d, d + E * K);
 }
 
+// pack_int4 / pack_int8's scheme: the A8 or the A16 name of `weights`; true for A16.
+bool a16_arg(const std::string& scheme, Scheme weights, const char* fn) {
+  const Scheme s = parse_scheme(scheme);
+  if (weight_scheme(s) != weights)
+    throw ValueError(msg(fn, " packs ", weights == Scheme::kInt4W4A8 ? "int4" : "int8", " weights: scheme = '", scheme,
+                         "' must be '", scheme_name(weights), "' or '", scheme_name(run_scheme(weights, true)), "'"));
+  return is_a16_scheme(s);
+}
+
 py::object codebook_of(const PackedExperts& p) {
   if (!p.has_codebook) return py::none();
   return py::array_t<int8_t>(16, p.codebook);
@@ -152,7 +161,9 @@ py::dict unpack_quantized(const PackedExperts& p) {
 void bind_pack(py::module_& m) {
   py::class_<PackedExperts, Ptr>(m, "PackedExperts",
                                  "Expert weights [E, N, K] of one projection, packed in one scheme for one kernel.")
-      .def_property_readonly("scheme", [](const PackedExperts& p) { return scheme_name(p.scheme); }, "Scheme name: int4_w4a8, int8_w8a8, fp8_w8a16 or bf16.")
+      .def_property_readonly("scheme", [](const PackedExperts& p) { return scheme_name(p.run_scheme()); },
+                             "Scheme name: int4_w4a8, int8_w8a8, int4_w4a16, int8_w8a16 (int weights with 16-bit "
+                             "activations), fp8_w8a16 or bf16.")
       .def_property_readonly("num_experts", [](const PackedExperts& p) { return p.num_experts; }, "E, the number of experts.")
       .def_property_readonly("out_features", [](const PackedExperts& p) { return p.out_features; }, "N, output features per expert (rows of each weight matrix).")
       .def_property_readonly("in_features", [](const PackedExperts& p) { return p.in_features; }, "K, input features per expert (the GEMM reduction length).")
@@ -195,13 +206,14 @@ void bind_pack(py::module_& m) {
            "Write the packed weights to a versioned, checksummed file (see docs/formats.md); "
            "moe_cpu.load_packed maps it back without a copy.")
       .def("__repr__", [](const PackedExperts& p) {
-        return msg("PackedExperts(scheme=", scheme_name(p.scheme), ", form=", p.form(), ", E=", p.num_experts, ", N=", p.out_features,
+        return msg("PackedExperts(scheme=", scheme_name(p.run_scheme()), ", form=", p.form(), ", E=", p.num_experts, ", N=", p.out_features,
                    ", K=", p.in_features, ", group_size=", p.group_size, ", kernel=", p.kernel->name,
                    ", nbytes=", p.nbytes(), ")");
       });
 
   m.def("pack_int4", [](py::handle q_h, py::handle s_h, int64_t group, py::handle z_h, py::handle cb_h, py::handle m_h,
-                        py::handle kp_h) {
+                        py::handle kp_h, const std::string& scheme) {
+    const bool a16 = a16_arg(scheme, Scheme::kInt4W4A8, "pack_int4");
     const bool zp = !z_h.is_none(), cb = !cb_h.is_none();
     auto q = array_arg(q_h, "qweight", {zp || cb ? ElemType::kU8 : ElemType::kI8}, 3);
     const int64_t E = q.shape(0), N = q.shape(1), K = q.shape(2);
@@ -222,12 +234,13 @@ void bind_pack(py::module_& m) {
     py::gil_scoped_release nogil;
     return with_k_perm(pack_int4(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
                                  zp ? static_cast<const uint8_t*>(z.data()) : nullptr,
-                                 cb ? static_cast<const int8_t*>(c.data()) : nullptr, mf.empty() ? nullptr : mf.data()),
+                                 cb ? static_cast<const int8_t*>(c.data()) : nullptr, mf.empty() ? nullptr : mf.data(), a16),
                        kp);
   }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("zeros"), py::arg("codebook"),
-     py::arg("mins"), py::arg("k_perm") = py::none());
+     py::arg("mins"), py::arg("k_perm") = py::none(), py::arg("scheme") = "int4_w4a8");
 
-  m.def("pack_int8", [](py::handle q_h, py::handle s_h, int64_t group, py::handle m_h, py::handle kp_h) {
+  m.def("pack_int8", [](py::handle q_h, py::handle s_h, int64_t group, py::handle m_h, py::handle kp_h, const std::string& scheme) {
+    const bool a16 = a16_arg(scheme, Scheme::kInt8W8A8, "pack_int8");
     auto q = array_arg(q_h, "qweight", {ElemType::kI8}, 3);
     const int64_t E = q.shape(0), N = q.shape(1), K = q.shape(2);
     auto s = int_scales(s_h, E, N, K, group, true);
@@ -237,8 +250,9 @@ void bind_pack(py::module_& m) {
     const std::vector<int32_t> kp = k_perm_arg(kp_h, E, K);
     py::gil_scoped_release nogil;
     return with_k_perm(pack_int8(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
-                                 mf.empty() ? nullptr : mf.data()), kp);
-  }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("mins"), py::arg("k_perm") = py::none());
+                                 mf.empty() ? nullptr : mf.data(), a16), kp);
+  }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("mins"), py::arg("k_perm") = py::none(),
+     py::arg("scheme") = "int8_w8a8");
 
   m.def("pack_fp8", [](py::handle w_h, py::handle s_h, int64_t bn, int64_t bk) {
     auto w = array_arg(w_h, "weight", {ElemType::kU8}, 3);
@@ -280,7 +294,8 @@ void bind_pack(py::module_& m) {
   // The kernel dispatch would pick now for a typical layer (K = N = 4096, int4 g = 128, fp8 128x128).
   m.def("selected_kernel", [](const std::string& scheme) {
     PackedExperts p;
-    p.scheme = parse_scheme(scheme);
+    const Scheme s = parse_scheme(scheme);
+    p.scheme = weight_scheme(s), p.a16 = is_a16_scheme(s);
     p.num_experts = 1, p.out_features = 4096, p.in_features = 4096;
     p.group_size = p.scheme == Scheme::kInt4W4A8 || p.scheme == Scheme::kFp8W8A16 ? 128 : -1;
     p.block_n = 128;

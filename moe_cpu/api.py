@@ -23,10 +23,13 @@ __all__ = [
     "fused_experts", "shared_expert", "select_experts", "moe_align_block_size",
     "dynamic_4bit_int_moe", "load_packed", "set_num_threads", "get_num_threads", "set_scratch_limit", "get_scratch_limit", "cpu_features", "force_isa",
     "set_amx_min_rows", "get_amx_min_rows",
-    "SCHEMES", "ACTIVATIONS",
+    "SCHEMES", "A8_SCHEMES", "A16_SCHEMES", "ACTIVATIONS",
 ]
 
-SCHEMES = ("int4_w4a8", "int8_w8a8", "fp8_w8a16", "bf16")
+SCHEMES = ("int4_w4a8", "int8_w8a8", "fp8_w8a16", "bf16", "int4_w4a16", "int8_w8a16")
+# The int weight schemes by activations: A8 quantizes each token's activations to int8, A16 keeps 16 bits.
+A8_SCHEMES = ("int4_w4a8", "int8_w8a8")
+A16_SCHEMES = ("int4_w4a16", "int8_w8a16")
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swiglustep", "swigluoai", "swigluoai_uninterleave")
 
 
@@ -89,8 +92,9 @@ def _act_order(qweight: object, g_idx: object, group_size: int) -> Tuple[object,
 @accepts_dlpack("qweight", "scales", "zeros", "codebook", "mins", "g_idx")
 def pack_int4(qweight: np.ndarray, scales: np.ndarray, group_size: int = 128,
               zeros: Optional[np.ndarray] = None, *, codebook: object = None,
-              mins: Optional[np.ndarray] = None, g_idx: Optional[np.ndarray] = None) -> PackedExperts:
-    """Pack pre-quantized INT4 expert weights for the W4A8 scheme.
+              mins: Optional[np.ndarray] = None, g_idx: Optional[np.ndarray] = None,
+              scheme: str = "int4_w4a8") -> PackedExperts:
+    """Pack pre-quantized INT4 expert weights, run as W4A8 or W4A16.
 
     Args:
         qweight: int8 ``[E, N, K]`` with values in [-8, 7] (symmetric), or uint8 codes in [0, 15]
@@ -107,6 +111,9 @@ def pack_int4(qweight: np.ndarray, scales: np.ndarray, group_size: int = 128,
             channels are sorted by group at pack time; ``fused_experts`` gathers the activations in
             that order (``form`` ends in ``+act_order``). ``unpack()`` / ``unpack_quantized()`` give
             the original channel order (and ``g_idx``). An identity map packs as without g_idx.
+        scheme: "int4_w4a8" (each token's activations quantized to int8 at run time) or "int4_w4a16"
+            (16-bit activations: int16 codes per token, what weight-only checkpoints such as GPTQ / AWQ
+            were calibrated for; see docs/numerics.md).
 
     Returns:
         PackedExperts; the dequantized weight is ``value * scale - min``, with value = q (symmetric),
@@ -115,19 +122,28 @@ def pack_int4(qweight: np.ndarray, scales: np.ndarray, group_size: int = 128,
     g = _int_arg(group_size, "group_size")
     qweight, k_perm = _act_order(qweight, g_idx, g)
     return _core.pack_int4(qweight, _bf16_bits(scales), g, zeros,
-                           _codebook_arg(codebook), None if mins is None else _bf16_bits(mins), k_perm)
+                           _codebook_arg(codebook), None if mins is None else _bf16_bits(mins), k_perm,
+                           _scheme_arg(scheme))
 
 
 @accepts_dlpack("qweight", "scales", "mins", "g_idx")
 def pack_int8(qweight: np.ndarray, scales: np.ndarray, group_size: int = -1, *,
-              mins: Optional[np.ndarray] = None, g_idx: Optional[np.ndarray] = None) -> PackedExperts:
-    """Pack INT8 expert weights (W8A8). scales: float32 ``[E, N]`` or ``[E, N, 1]`` per channel,
+              mins: Optional[np.ndarray] = None, g_idx: Optional[np.ndarray] = None,
+              scheme: str = "int8_w8a8") -> PackedExperts:
+    """Pack INT8 expert weights, run as W8A8 (``scheme="int8_w8a8"``) or W8A16 (``"int8_w8a16"``). scales: float32 ``[E, N]`` or ``[E, N, 1]`` per channel,
     or ``[E, N, K // group_size]`` with a group size that divides K (16 for GGUF Q6_K).
     mins: optional float32 group offsets of the scales' shape; the weight is ``q * scale - min``.
     g_idx: optional act-order group map, as in ``pack_int4``."""
     g = _int_arg(group_size, "group_size")
     qweight, k_perm = _act_order(qweight, g_idx, g)
-    return _core.pack_int8(qweight, _bf16_bits(scales), g, None if mins is None else _bf16_bits(mins), k_perm)
+    return _core.pack_int8(qweight, _bf16_bits(scales), g, None if mins is None else _bf16_bits(mins), k_perm,
+                           _scheme_arg(scheme))
+
+
+def _scheme_arg(scheme: object) -> str:
+    if not isinstance(scheme, str):
+        raise TypeError(f"scheme must be a str, one of {SCHEMES}, got {type(scheme).__name__}")
+    return scheme
 
 
 def _block(block_size: object) -> Tuple[int, int]:
@@ -165,9 +181,10 @@ def quantize_experts(w: np.ndarray, scheme: str, group_size: Optional[int] = Non
     Rules (float32 arithmetic, round half to even; an all-zero group gets scale 1):
     int4 ``s = amax(group) / 7``, ``q = clamp(rint(w / s), -8, 7)``; int8 ``s = amax / 127``;
     fp8 ``s = amax(block) / 448`` and ``q = e4m3fn(w / s)``; bf16 rounds to nearest even.
+    int4_w4a16 / int8_w8a16 quantize the weights as int4_w4a8 / int8_w8a8 and keep 16-bit activations.
 
     Args:
-        scheme: "int4_w4a8", "int8_w8a8", "fp8_w8a16" or "bf16".
+        scheme: "int4_w4a8", "int8_w8a8", "int4_w4a16", "int8_w8a16", "fp8_w8a16" or "bf16".
         group_size: int4 default 128, int8 default -1 (per channel); must be None for fp8 / bf16.
         block_size: fp8 ``(bn, bk)`` blocks.
     """
@@ -179,7 +196,7 @@ def quantize_experts(w: np.ndarray, scheme: str, group_size: Optional[int] = Non
                              "(fp8 uses block_size; bf16 has no scales); pass None")
         g = -1
     else:
-        g = (128 if scheme == "int4_w4a8" else -1) if group_size is None else _int_arg(group_size, "group_size")
+        g = (128 if scheme.startswith("int4") else -1) if group_size is None else _int_arg(group_size, "group_size")
     bn, bk = _block(block_size)
     return _core.quantize_experts(w, scheme, g, bn, bk)
 

@@ -18,7 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCHEMES = ("int4_w4a8", "int8_w8a8", "fp8_w8a16", "bf16")
+SCHEMES = ("int4_w4a8", "int8_w8a8", "fp8_w8a16", "bf16", "int4_w4a16", "int8_w8a16")
+A8 = ("int4_w4a8", "int8_w8a8")       # int weights, int8 activations per token
+A16 = ("int4_w4a16", "int8_w8a16")    # the same weights, int16 activations per token
+INT_SCHEMES = A8 + A16
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swiglustep", "swigluoai", "swigluoai_uninterleave")
 # dynamic_4bit_int_moe activation_kind -> activation name (DESIGN.md section 5).
 DYNAMIC_4BIT_ACTIVATION = {0: "silu", 1: "swigluoai_uninterleave", 2: "silu"}
@@ -186,6 +189,19 @@ def quantize_bf16(w):
     return float_to_bf16_bits(w)
 
 
+def quantize_activations_int16(x):
+    """A16's per-row int16 activation quantization: float32 [R,K] -> (q int16 [R,K], s float32 [R]).
+
+    s = amax(row)/32767 (float32), q = clamp(rint(x/s), -32767, 32767); a row of zeros gets s = 1.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    amax = np.max(np.abs(x), axis=1) if x.shape[1] else np.zeros(x.shape[0], np.float32)
+    s = amax / np.float32(32767)
+    s = np.where(amax == 0, np.float32(1), s).astype(np.float32)
+    q = np.clip(np.rint(x / s[:, None]), -32767, 32767).astype(np.int16)
+    return q, s
+
+
 def quantize_activations_int8(x):
     """Per-row int8 activation quantization: float32 [R,K] -> (q int8 [R,K], s float32 [R]).
 
@@ -234,14 +250,20 @@ class RefWeights:
         return self.codes.shape[2] if self.group_size == -1 else self.group_size
 
     @classmethod
-    def int4(cls, qweight, scales, group_size=128, zeros=None, codebook=None, mins=None, g_idx=None):
-        """int4_w4a8: qweight int8 [-8,7] (or uint8 [0,15] with zeros or codebook), scales f32/bf16 [E,N,G]."""
-        return cls._int("int4_w4a8", qweight, scales, group_size, zeros, codebook, mins, g_idx)
+    def int4(cls, qweight, scales, group_size=128, zeros=None, codebook=None, mins=None, g_idx=None,
+             scheme="int4_w4a8"):
+        """int4_w4a8 (or int4_w4a16): qweight int8 [-8,7] (or uint8 [0,15] with zeros or codebook), scales
+        f32/bf16 [E,N,G]."""
+        if scheme not in ("int4_w4a8", "int4_w4a16"):
+            raise ValueError(f"int4 weights run as int4_w4a8 or int4_w4a16, not {scheme!r}")
+        return cls._int(scheme, qweight, scales, group_size, zeros, codebook, mins, g_idx)
 
     @classmethod
-    def int8(cls, qweight, scales, group_size=-1, mins=None, g_idx=None):
-        """int8_w8a8: qweight int8, scales [E,N], [E,N,1] or [E,N,K//g]."""
-        return cls._int("int8_w8a8", qweight, scales, group_size, None, None, mins, g_idx)
+    def int8(cls, qweight, scales, group_size=-1, mins=None, g_idx=None, scheme="int8_w8a8"):
+        """int8_w8a8 (or int8_w8a16): qweight int8, scales [E,N], [E,N,1] or [E,N,K//g]."""
+        if scheme not in ("int8_w8a8", "int8_w8a16"):
+            raise ValueError(f"int8 weights run as int8_w8a8 or int8_w8a16, not {scheme!r}")
+        return cls._int(scheme, qweight, scales, group_size, None, None, mins, g_idx)
 
     @classmethod
     def _int(cls, scheme, qweight, scales, group_size, zeros, codebook=None, mins=None, g_idx=None):
@@ -276,12 +298,12 @@ class RefWeights:
     @classmethod
     def quantize(cls, w, scheme, group_size=None, block=(128, 128)):
         """Quantize float32 [E,N,K] with the quantize_experts rules (same defaults)."""
-        if scheme == "int4_w4a8":
+        if scheme in ("int4_w4a8", "int4_w4a16"):
             g = 128 if group_size is None else group_size
-            return cls.int4(*quantize_int4(w, g), group_size=g)
-        if scheme == "int8_w8a8":
+            return cls.int4(*quantize_int4(w, g), group_size=g, scheme=scheme)
+        if scheme in ("int8_w8a8", "int8_w8a16"):
             g = -1 if group_size is None else group_size
-            return cls.int8(*quantize_int8(w, g), group_size=g)
+            return cls.int8(*quantize_int8(w, g), group_size=g, scheme=scheme)
         if scheme == "fp8_w8a16":
             return cls.fp8(*quantize_fp8(w, block), block=block)
         if scheme == "bf16":
@@ -306,7 +328,7 @@ class RefWeights:
     def dequantize(self):
         """float64 [E,N,K]: (q - zero) * scale, e4m3(code) * scale_inv, or the bf16 value (all exact)."""
         E, N, K = self.codes.shape
-        if self.scheme in ("int4_w4a8", "int8_w8a8"):
+        if self.scheme in INT_SCHEMES:
             w = np.stack([self._int_codes(e) * self._per_channel(self.scales[e].astype(np.float64), e)
                           for e in range(E)])
             if self.mins is not None:
@@ -321,15 +343,16 @@ class RefWeights:
     def linear(self, e, a):
         """One expert's GEMM as the scheme defines it: float32 rows a [R,K] -> float64 [R,N] (x @ W[e]^T).
 
-        int: per-row int8 activations, exact integer dots per weight group, x group scale, summed, x row scale.
+        int: per-row int8 (A16: int16) activations, exact integer dots per weight group, x group scale, summed,
+        x row scale.
         fp8: bf16-rounded activations, dot per K block with e4m3 values, x the block's scale_inv.
         bf16: bf16-rounded activations x bf16 weights.
         """
         a = np.asarray(a, dtype=np.float32)
         R, K = a.shape
         N = self.codes.shape[1]
-        if self.scheme in ("int4_w4a8", "int8_w8a8"):
-            qa, sa = quantize_activations_int8(a)
+        if self.scheme in INT_SCHEMES:
+            qa, sa = quantize_activations_int16(a) if self.scheme in A16 else quantize_activations_int8(a)
             G = K // self.group
             # channel k belongs to group k // g, or g_idx[e, k] (act-order): exact int64 dots per group
             grp = np.arange(K) // self.group if self.g_idx is None else self.g_idx[e]
@@ -450,11 +473,10 @@ def fused_experts_ref(hidden_states, w13, w2, topk_weights, topk_ids, activation
     """Quantized-path reference of moe_cpu.fused_experts -> float64 [M,H] (before the final rounding).
 
     hidden_states: float32, uint16 bf16 bits or ml_dtypes.bfloat16 [M,H]. w13 [E,2I,H], w2 [E,H,I]: RefWeights
-    of one scheme, or int4 / int8 in any pair. Ids < 0 are skipped; with expert_map ids are global and
-    local -1 is skipped.
+    of one scheme, or int4 / int8 in any pair with the same activations (A8 with A8, A16 with A16). Ids < 0
+    are skipped; with expert_map ids are global and local -1 is skipped.
     """
-    ints = ("int4_w4a8", "int8_w8a8")
-    if w13.scheme != w2.scheme and not (w13.scheme in ints and w2.scheme in ints):
+    if w13.scheme != w2.scheme and not any(w13.scheme in t and w2.scheme in t for t in (A8, A16)):
         raise ValueError(f"w13 is {w13.scheme} but w2 is {w2.scheme}")
     x = to_float32_values(hidden_states)
     return _moe(x, topk_weights, topk_ids, w13.codes.shape[0], w2.codes.shape[1], w13.linear, w2.linear,

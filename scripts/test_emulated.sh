@@ -38,7 +38,7 @@ ARM_BINUTILS=(--objdump aarch64-linux-gnu-objdump --readelf aarch64-linux-gnu-re
 python3 scripts/isa_audit.py "${ARM_BINUTILS[@]}" build/arm-debug
 if [ -d build/arm ]; then python3 scripts/isa_audit.py "${ARM_BINUTILS[@]}" build/arm; fi
 
-ALL() { echo "w4a8:$1 w8a8:$1 fp8w:$1 bf16:$1"; }
+ALL() { echo "w4a8:$1 w8a8:$1 fp8w:$1 bf16:$1 w4a16:$1 w8a16:$1"; }
 # Python under a CPU model: the installed extension picks `want` for every scheme (cpu_features()["kernels"]).
 py_dispatch() {  # cpu want
   (cd tests && qemu-x86_64 -cpu "$1" "$PY" -c "
@@ -84,6 +84,6 @@ grep -E "^(tier|detected features):" <<<"$info"
   -k "test_scheme_activation or test_bf16_input")
 
 echo "-- cortex-a72 (Armv8.0 NEON): AArch64 GoogleTest (Debug)"
-run env MOE_CPU_EXPECT_ISA="w4a8:reference w8a8:reference fp8w:neon bf16:neon" \
+run env MOE_CPU_EXPECT_ISA="w4a8:reference w8a8:reference fp8w:neon bf16:neon w4a16:reference w8a16:reference" \
   qemu-aarch64 -cpu cortex-a72 -L /usr/aarch64-linux-gnu build/arm-debug/moe_cpu_tests --gtest_brief=1
 echo "-- emulated CPUs: $((SECONDS - t0)) s"

@@ -22,6 +22,10 @@ struct Acts {
   std::vector<float> f;  // b as fp32 (kernels with f32_acts)
   mutable std::vector<float> asum_f32;  // asum as fp32, filled by view() for weights with mins
   mutable std::vector<int16_t> asum16;  // asum as int16 [R, G2], for weights with integer mins
+  // A16 weights (p.a16): view() builds int16 rows from q times a16_mul (in a16_pos order) and their piece sums.
+  int a16_mul = 1;
+  mutable std::vector<int16_t> q16;
+  mutable std::vector<int32_t> asum_pieces;
   void widen() {
     f.resize(b.size());
     for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_float(b[i]);
@@ -32,7 +36,23 @@ struct Acts {
     if (!q.empty()) a.q = q.data(), a.scale = s.data(), a.asum = asum.data();
     if (!q.empty() && p.has_mins) {
       asum_f32.assign(asum.begin(), asum.end());
+      if (p.a16)
+        for (float& v : asum_f32) v *= float(a16_mul);
       a.asum_f32 = asum_f32.data();
+    }
+    if (!q.empty() && p.a16) {
+      const int64_t Kp = a.Kp, K = p.in_features, G = a.G, gl = p.group_len(), NP = a16_pieces(gl);
+      const int64_t rows = int64_t(q.size()) / Kp;
+      q16.assign(q.size(), 0);
+      asum_pieces.assign(size_t(rows * G * NP), 0);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < K; ++k) {
+          const int16_t v = int16_t(q[size_t(r * Kp + k)] * a16_mul);
+          q16[size_t(r * Kp + a16_pos(k))] = v;
+          asum_pieces[size_t((r * G + k / gl) * NP + (k % gl) / kA16Piece)] += v;
+        }
+      a.q = nullptr, a.q16 = q16.data(), a.asum = asum_pieces.data(), a.NP = NP;
+      return a;
     }
     if (!q.empty() && p.imin_groups) {
       const int64_t G = p.num_groups(), G2 = 2 * imin_pairs(p);

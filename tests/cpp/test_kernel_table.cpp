@@ -32,6 +32,8 @@ const std::vector<Line>& lines() {
 Scheme scheme_of_word(const std::string& prec) {
   if (prec == "w4a8") return Scheme::kInt4W4A8;
   if (prec == "w8a8") return Scheme::kInt8W8A8;
+  if (prec == "w4a16") return Scheme::kInt4W4A16;
+  if (prec == "w8a16") return Scheme::kInt8W8A16;
   if (prec == "fp8w") return Scheme::kFp8W8A16;
   EXPECT_EQ(prec, "bf16") << "unknown precision word";
   return Scheme::kBf16;

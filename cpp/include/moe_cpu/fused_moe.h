@@ -29,6 +29,10 @@ struct FusedMoeArgs {
   bool out_f32 = false;             // write fp32 whatever `dtype` is (used by shared_expert)
 };
 
+// ValueError unless w13 and w2 may run together: the same scheme, or two int schemes with the same
+// activations (A8 with A8, A16 with A16). `what` names the caller in the message.
+void check_scheme_pair(const PackedExperts& w13, const PackedExperts& w2, const char* what);
+
 // Validates ids / weights / expert_map values (ValueError) and computes out.
 void fused_experts(const FusedMoeArgs& a);
 

@@ -49,7 +49,8 @@ class AlignedBuffer {
 constexpr int64_t kIMinRun = 8;
 
 struct PackedExperts {
-  Scheme scheme = Scheme::kBf16;
+  Scheme scheme = Scheme::kBf16;  // the weights' scheme (int weights: the A8 name; a16 says how they run)
+  bool a16 = false;  // int weights: the activations stay 16-bit (int16 codes per token): int4_w4a16 / int8_w8a16
   int64_t num_experts = 0, out_features = 0, in_features = 0;  // E, N, K
   int64_t group_size = -1;   // int4/int8: g, or -1 per channel; fp8: block_k; bf16: -1
   int64_t block_n = 0;       // fp8 only
@@ -84,6 +85,7 @@ struct PackedExperts {
   int64_t iscale_groups = 0;  // 0: float scales, else kIMinRun
   const KernelDesc* kernel = nullptr;
 
+  Scheme run_scheme() const { return moe_cpu::run_scheme(scheme, a16); }  // what runs: the kernels' scheme
   void set_codebook(const int8_t* cb);  // fills codebook and the derived fields
   // "int4", "int4+zeros", "int4+codebook", "int4+mins", "int8", "int8+mins", "fp8", "bf16";
   // "+act_order" when k_perm is set.
@@ -129,6 +131,10 @@ struct PackedExperts {
 
 // The integer forms of scales and mins (derive_int_*, float_*, set_kernel): cpp/src/moe/int_forms.h.
 
+// Runs int weights with 16-bit activations (a16) or int8 ones, choosing the kernel again (no copy of
+// the panels). ValueError for fp8 / bf16 weights, which have no such choice.
+void set_a16(PackedExperts& p, bool a16);
+
 // Sets p.k_perm (int schemes) from perm [E, K]: each row a permutation of [0, K); ValueError else.
 // The weights must already be packed in permuted channel order (their groups contiguous).
 void set_k_perm(PackedExperts& p, const int32_t* perm);
@@ -137,11 +143,12 @@ void set_k_perm(PackedExperts& p, const int32_t* perm);
 // int4 q: int8 in [-8,7] when zeros and codebook are null; else codes in [0,15] (uint8 bits), with
 // zeros [E,N,G] in [0,15], or indices into codebook[16] (int8 values; not with zeros).
 // mins [E,N,G] (optional, finite): subtracted after scaling (w = s * value - m).
+// a16: run with 16-bit activations (int4_w4a16 / int8_w8a16) instead of int8 ones.
 PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const float* scales,
                         int64_t group_size, const uint8_t* zeros, const int8_t* codebook = nullptr,
-                        const float* mins = nullptr);
+                        const float* mins = nullptr, bool a16 = false);
 PackedExperts pack_int8(const int8_t* q, int64_t E, int64_t N, int64_t K, const float* scales,
-                        int64_t group_size, const float* mins = nullptr);
+                        int64_t group_size, const float* mins = nullptr, bool a16 = false);
 PackedExperts pack_fp8(const uint8_t* codes, int64_t E, int64_t N, int64_t K, const float* scale_inv,
                        int64_t block_n, int64_t block_k);
 PackedExperts pack_bf16(const uint16_t* bits, int64_t E, int64_t N, int64_t K);

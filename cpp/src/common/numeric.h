@@ -45,6 +45,31 @@ inline void quantize_row_int8_amax(const float* x, int64_t n, float amax, int8_t
   *s = sc;
 }
 
+// Per-row symmetric int16 (A16 int schemes) from the row's finite amax: s = amax/32767 (1 for an
+// all-zero row), code of x[i] = rint(x[i]/s) in [-32767, 32767], written at q[pos(i)].
+template <class Pos>
+inline void quantize_row_int16_amax(const float* x, int64_t n, float amax, int16_t* q, float* s, Pos pos) {
+  const float sc = amax == 0.f ? 1.f : amax / 32767.f;
+  constexpr float kMagic = 12582912.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = (x[i] / sc + kMagic) - kMagic;
+    q[pos(i)] = int16_t(std::min(32767.f, std::max(-32767.f, v)));
+  }
+  *s = sc;
+}
+
+// amax = max |x[0..n)|, or a negative value if x has a non-finite value.
+inline float row_amax(const float* x, int64_t n) {
+  float amax = 0.f;
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    amax = ax > amax ? ax : amax;
+    bad |= !(ax <= 3.40282347e38f);
+  }
+  return bad ? -1.f : amax;
+}
+
 // The same, amax found here. Returns false if the row has a non-finite value (q is then unspecified).
 inline bool quantize_row_int8(const float* x, int64_t n, int8_t* q, float* s) {
   float amax = 0.f;

@@ -5,7 +5,7 @@
 
 namespace moe_cpu {
 namespace {
-constexpr const char* kSchemes[] = {"int4_w4a8", "int8_w8a8", "fp8_w8a16", "bf16"};
+constexpr const char* kSchemes[] = {"int4_w4a8", "int8_w8a8", "fp8_w8a16", "bf16", "int4_w4a16", "int8_w8a16"};
 constexpr const char* kActs[] = {"silu",      "gelu",      "gelu_tanh",
                                  "swiglustep", "swigluoai", "swigluoai_uninterleave"};
 

@@ -22,9 +22,9 @@ const std::vector<const KernelDesc*>& all_kernels() {
 const KernelDesc* select_kernel(const PackedExperts& w) {
   const uint64_t active = active_features();
   for (const KernelDesc* k : all_kernels())
-    if (k->scheme == w.scheme && (k->features & active) == k->features && (!k->supports || k->supports(w)))
+    if (k->scheme == w.run_scheme() && (k->features & active) == k->features && (!k->supports || k->supports(w)))
       return k;
-  throw ValueError(msg("no kernel registered for scheme ", scheme_name(w.scheme)));
+  throw ValueError(msg("no kernel registered for scheme ", scheme_name(w.run_scheme())));
 }
 
 }  // namespace moe_cpu

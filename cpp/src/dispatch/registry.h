@@ -8,14 +8,25 @@
 
 namespace moe_cpu {
 
+// A16 int schemes: a kernel's int32 sums of int16 codes times weight values run over pieces of at most
+// kA16Piece channels of a group (|sum of code * (u - zero)| <= 256 * 32767 * 128 < 2^31, so wrapping int32
+// sums are exact), each piece with its own code sum: ActRows::NP pieces per group.
+constexpr int64_t kA16Piece = 256;
+inline int64_t a16_pieces(int64_t group_len) { return group_len > kA16Piece ? ceil_div(group_len, kA16Piece) : 1; }
+// Where channel k sits in an int16 activation row: within each 4 channels the order is 0, 2, 1, 3, so that
+// one 32-bit word holds the pair of codes that meets the even (or the odd) bytes of a 4-byte weight word.
+inline int64_t a16_pos(int64_t k) { return (k & ~int64_t(3)) | ((k & 1) << 1) | ((k >> 1) & 1); }
+
 // Activations of `rows` GEMM rows. Row r reads buffer row row_idx[r]; buffer rows have stride Kp
 // (K padded to the weight layout's k-step, the padding zero-filled).
 struct ActRows {
   int64_t rows = 0, Kp = 0;
   const int32_t* row_idx = nullptr;
   const int8_t* q = nullptr;       // int schemes: codes [*, Kp]
+  const int16_t* q16 = nullptr;    //   or, A16 int schemes: int16 codes [*, Kp] in a16_pos order
   const float* scale = nullptr;    //   one scale per buffer row
-  const int32_t* asum = nullptr;   //   sum of the codes of each weight group: [*, G]
+  const int32_t* asum = nullptr;   //   sum of the codes of each weight group: [*, G] (A16: of each piece, [*, G * NP])
+  int64_t NP = 1;                  //   asum entries per group
   const float* asum_f32 = nullptr; //   the same as fp32, for weights with mins (else nullptr)
   const int16_t* asum16 = nullptr; //   the same as int16 [*, G2] (G2 = 2 * imin_pairs(w), zero-padded), for integer mins
   int64_t G = 0, G2 = 0;

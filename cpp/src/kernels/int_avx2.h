@@ -13,6 +13,9 @@
 //     removed with the activation sums.
 // Group offsets (mins): minus min * code sum per group, in fp32. int4 K-quant forms: integer scales and
 // mins (PackedExperts::iscales / imins) become those same fp32 values in the group epilogue.
+//   IntDot::kMaddwd16 (w4a16_avx2, w8a16_avx2; AVX2 + FMA): A16's int16 activations. The unsigned weight
+//     bytes as in kVnniVex, split into even and odd bytes as int16, meet int16 code pairs (ActRows::q16, in
+//     a16_pos order) in vpmaddwd + vpaddd; int32 sums per piece of at most kA16Piece channels.
 //   IntDot::kVnniEvex: the same loop with the EVEX form of the instruction (AVX512-VNNI + VL, same
 //     semantics); only the test suite builds it, to run the kVnniVex source on CPUs without AVX-VNNI.
 // Tile: MR rows x 16 columns per block (two ymm halves).
@@ -29,7 +32,7 @@
 
 MOE_ISA_BEGIN
 
-enum class IntDot { kMaddubs, kVnniVex, kVnniEvex };
+enum class IntDot { kMaddubs, kVnniVex, kVnniEvex, kMaddwd16 };
 // How int4 codes become multiplier bytes: as stored, through code_table, or as |codebook| with the
 // sign moved onto the activations (vpmaddubsw with code_table bytes > 31).
 enum class Codes { kPlain, kTable, kSigned };
@@ -103,8 +106,15 @@ struct IntAvx2 {
       const int64_t G = a.G, gl = w.group_len(), Kp = a.Kp;  // a.G: w.num_groups() without a division
       const uint8_t* panel[NJ];
       for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
+      constexpr bool kA16 = D == IntDot::kMaddwd16;
       const int8_t* arow[MR];
-      for (int r = 0; r < MR; ++r) arow[r] = a.q + a.row_idx[r0 + r] * Kp;
+      const int16_t* arow16[MR];
+      for (int r = 0; r < MR; ++r) {
+        if constexpr (kA16) arow16[r] = a.q16 + a.row_idx[r0 + r] * Kp;
+        else arow[r] = a.q + a.row_idx[r0 + r] * Kp;
+      }
+      const int64_t NP = kA16 ? a.NP : 1, ps = kA16 ? kA16Piece / step : Kp;  // A16: code sums per group piece
+      const __m256i even = _mm256_set1_epi16(0xff);
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
       const __m256i table = _mm256_broadcastsi128_si256(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(C == Codes::kSigned ? (const void*)w.codebook : (const void*)w.code_table)));
@@ -118,7 +128,7 @@ struct IntAvx2 {
       const int32_t* asr[MR];  // each row's group code sums
       const float* asf[MR];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
-        asr[r] = a.asum + a.row_idx[r0 + r] * G, asf[r] = has_mins ? a.asum_f32 + a.row_idx[r0 + r] * G : nullptr;
+        asr[r] = a.asum + a.row_idx[r0 + r] * G * NP, asf[r] = has_mins ? a.asum_f32 + a.row_idx[r0 + r] * G : nullptr;
       // Integer scales and mins (int4 K-quant forms): row tiles read the fp32 values of this block from
       // a.blk_scales / a.blk_mins (int4_avx2_gemm builds them once per block); decode builds each group's
       // isc * d and imin * dmin here (the same floats: it reads 20 bytes per 32 codes, not 24).
@@ -126,18 +136,20 @@ struct IntAvx2 {
       // Decode with integer mins: per run, the int32 sum of imin * code sum by vpmaddwd of pairs, times
       // dmin once (as int_mins_term on AVX-512): about 1.5 ops per group instead of 7 for fp32 mins.
       alignas(32) float corr[MR == 1 ? H : 1][8];
-      const bool run_mins = MR == 1 && kInt4 && has_mins && forms.imn;
+      const bool run_mins = !kA16 && MR == 1 && kInt4 && has_mins && forms.imn;
       if (run_mins) int_mins_term_ymm<H>(forms, a.asum16 + a.row_idx[r0] * a.G2, corr);
       const int zc = has_zeros ? 0 : kInt4 ? (C == Codes::kSigned ? 0 : w.code_zero) : (D != IntDot::kMaddubs ? 128 : 0);
       NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
       const ScaleIndex sx(w, e, b, G);
       for (int64_t gi = 0; gi < G; ++gi) {
-        const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
+        const int64_t g0 = gi * gl / step, g1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
+       for (int64_t pi = 0; pi < NP; ++pi) {
+        const int64_t s0 = g0 + pi * ps, s1 = pi == NP - 1 ? g1 : s0 + ps, ai = gi * NP + pi;
         // Without stored zeros the zero point's term (zc * group code sum) is the same for every column:
         // it starts the int32 sums, and the group ends without a per-column multiply.
         __m256i acc[MR][H];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-          const __m256i start = _mm256_set1_epi32(-zc * asr[r][gi]);
+          const __m256i start = _mm256_set1_epi32(-zc * asr[r][ai]);
           _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) acc[r][h] = start;
         }
         // One k-step into acc (int4 with vpmaddubsw: into the int16 sums a16).
@@ -145,7 +157,29 @@ struct IntAvx2 {
         const auto step_at = [&](int64_t t) __attribute__((always_inline)) {
           if constexpr (MR == 1)  // decode streams weights from DRAM: each panel ~one panel ahead, into L2
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
-          if constexpr (D != IntDot::kMaddubs) {  // weights first, then one row's broadcasts at a time
+          if constexpr (kA16) {  // as below, each byte vector as even and odd int16 words against code pairs
+            __m256i u[2 * H];
+            _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
+              const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
+              u[h] = kInt4 ? _mm256_and_si256(v, low4) : v;
+              if constexpr (kInt4) u[H + h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+              if constexpr (C == Codes::kTable) u[h] = _mm256_shuffle_epi8(table, u[h]), u[H + h] = _mm256_shuffle_epi8(table, u[H + h]);
+            }
+            constexpr int kVecs = kInt4 ? 2 : 1;  // byte vectors per half: 4 channels each
+            _Pragma("GCC unroll 2") for (int q = 0; q < kVecs; ++q) {
+              __m256i ev[H], od[H];
+              _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h)
+                ev[h] = _mm256_and_si256(u[q * H + h], even), od[h] = _mm256_srli_epi16(u[q * H + h], 8);
+              _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+                int32_t p0, p1;
+                std::memcpy(&p0, arow16[r] + t * step + 4 * q, 4);
+                std::memcpy(&p1, arow16[r] + t * step + 4 * q + 2, 4);
+                const __m256i b0 = _mm256_set1_epi32(p0), b1 = _mm256_set1_epi32(p1);
+                _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h)
+                  acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_add_epi32(_mm256_madd_epi16(ev[h], b0), _mm256_madd_epi16(od[h], b1)));
+              }
+            }
+          } else if constexpr (D != IntDot::kMaddubs) {  // weights first, then one row's broadcasts at a time
             __m256i u[2 * H];                     // (int4: low nibbles, then high; 15 ymm live at H = 2)
             _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
               const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
@@ -237,12 +271,13 @@ struct IntAvx2 {
           const __m256 mv = group_mins ? forms.mins(a.blk_mins, j, gi, c8, mins, si) : _mm256_setzero_ps();
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
             __m256i exact = acc[r][h];
-            if (zp) exact = _mm256_sub_epi32(exact, _mm256_mullo_epi32(zv, _mm256_set1_epi32(asr[r][gi])));
+            if (zp) exact = _mm256_sub_epi32(exact, _mm256_mullo_epi32(zv, _mm256_set1_epi32(asr[r][ai])));
             __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), sv, _mm256_load_ps(accf[r][h]));
-            if (group_mins) f = _mm256_fnmadd_ps(mv, _mm256_broadcast_ss(asf[r] + gi), f);
+            if (group_mins && pi == NP - 1) f = _mm256_fnmadd_ps(mv, _mm256_broadcast_ss(asf[r] + gi), f);
             _mm256_store_ps(accf[r][h], f);
           }
         }
+       }
       }
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
         const __m256 rs = _mm256_set1_ps(a.scale[a.row_idx[r0 + r]]);

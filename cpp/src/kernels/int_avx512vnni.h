@@ -5,6 +5,9 @@
 // broadcast per row. Exact int32 sums per scale group are corrected by zero * (sum of the group's
 // activation codes), converted, scaled per column and accumulated in fp32 (minus min * code sum
 // with group offsets); the row scale multiplies at the store.
+// A16 (int4_w4a16 / int8_w8a16): the same unsigned weight bytes split into their even and odd bytes as
+// int16 (AND 0x00ff, shift 8) meet int16 activation pairs (ActRows::q16, in a16_pos order) in vpdpwssd,
+// two per byte vector; the int32 sums run over pieces of at most kA16Piece channels of a group.
 // Needs: AVX512F, AVX512BW, AVX512VNNI (compile this header's users with those flags only).
 #pragma once
 #include <immintrin.h>
@@ -54,9 +57,36 @@ inline __attribute__((always_inline)) void dpbusd_row(__m512i (&acc)[NJ], const 
   }
 }
 
-// acc += pairs of int16 products (the integer mins: imin pairs by code-sum pairs).
+// acc += pairs of int16 products (the integer mins: imin pairs by code-sum pairs; A16: weights by codes).
 inline void dpwssd(__m512i& acc, __m512i m, __m512i a) {
   asm("vpdpwssd %[a], %[m], %[acc]" : [acc] "+v"(acc) : [m] "v"(m), [a] "v"(a));
+}
+inline void dpwssd_bcast(__m512i& acc, __m512i m, const int16_t* p) {
+  asm("vpdpwssd %[p]%{1to16%}, %[m], %[acc]" : [acc] "+v"(acc) : [m] "v"(m), [p] "m"(*reinterpret_cast<const int32_t*>(p)));
+}
+// A16: acc[j] += the NJ panels' int16 words times the code pair at p (as dpbusd_row).
+template <bool kShare, int NJ>
+inline __attribute__((always_inline)) void dpwssd_row(__m512i (&acc)[NJ], const __m512i (&w16)[NJ], const int16_t* p) {
+  if constexpr (kShare) {
+    int32_t pair;
+    std::memcpy(&pair, p, 4);
+    const __m512i av = _mm512_set1_epi32(pair);
+    _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpwssd(acc[j], w16[j], av);
+  } else {
+    _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpwssd_bcast(acc[j], w16[j], p);
+  }
+}
+// A16: acc += the unsigned weight bytes u8 (4 channels k..k+3 per column) times codes p[0..4) (a16_pos order:
+// k, k+2, k+1, k+3): the even bytes meet the first pair, the odd bytes the second.
+template <bool kShare, int MR, int NJ>
+inline __attribute__((always_inline)) void a16_rows(__m512i (&acc)[MR][NJ], const __m512i (&u8)[NJ], const int16_t* const (&arow)[MR],
+                                                    int64_t k) {
+  __m512i w16[NJ];
+  const __m512i even = _mm512_set1_epi16(0xff);
+  _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) w16[j] = _mm512_and_si512(u8[j], even);
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) dpwssd_row<kShare>(acc[r], w16, arow[r] + k);
+  _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) w16[j] = _mm512_srli_epi16(u8[j], 8);
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) dpwssd_row<kShare>(acc[r], w16, arow[r] + k + 2);
 }
 
 // acc -= m * (*p broadcast): the mins term, with the code sum read by the FMA's own broadcast.
@@ -118,7 +148,7 @@ inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi) {
                        _mm512_load_ps(f.dsc_at(j, gi)));
 }
 
-template <bool kInt4, bool kShuffle = false, Offset kOff = Offset::kImplicit>
+template <bool kInt4, bool kShuffle = false, Offset kOff = Offset::kImplicit, bool kA16 = false>
 struct IntVnni {
   template <int MR, int NJ>
   struct Micro {
@@ -130,7 +160,13 @@ struct IntVnni {
       const uint8_t* panel[NJ];
       _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
       const int8_t* arow[MR];
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) arow[r] = a.q + a.row_idx[r0 + r] * Kp;
+      const int16_t* arow16[MR];  // A16
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+        if constexpr (kA16) arow16[r] = a.q16 + a.row_idx[r0 + r] * Kp;
+        else arow[r] = a.q + a.row_idx[r0 + r] * Kp;
+      }
+      // A16: NP code sums per group, one per piece of ps k-steps (A8: one piece, the group).
+      const int64_t NP = kA16 ? a.NP : 1, ps = kA16 ? kA16Piece / step : Kp;
       const float* asrow[MR];  // fp32 group code sums, for the mins term
       if constexpr (kOff == Offset::kMins)
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) asrow[r] = a.asum_f32 + a.row_idx[r0 + r] * G;
@@ -145,8 +181,8 @@ struct IntVnni {
       const float* mins = kOff == Offset::kMins ? w.mins.as<float>() : nullptr;
       const uint8_t* zeros = kOff == Offset::kZeros ? w.zeros.data() : nullptr;
       const int zc = kInt4 ? w.code_zero : layout::implicit_zero(w.scheme);
-      const int32_t* asr[MR];  // each row's group code sums
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) asr[r] = a.asum + a.row_idx[r0 + r] * G;
+      const int32_t* asr[MR];  // each row's group (A16: piece) code sums
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) asr[r] = a.asum + a.row_idx[r0 + r] * G * NP;
       __m512 accf[MR][NJ];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) accf[r][j] = _mm512_setzero_ps();
@@ -155,12 +191,14 @@ struct IntVnni {
       alignas(64) float corr[kOff == Offset::kIntMins ? MR * NJ * 16 : 1];
       if constexpr (kOff == Offset::kIntMins) int_mins_term<MR, NJ>(w, e, b, a, r0, corr);
       for (int64_t gi = 0; gi < G; ++gi) {
-        const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
+        const int64_t g0 = gi * gl / step, g1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
+       for (int64_t pi = 0; pi < NP; ++pi) {
+        const int64_t s0 = g0 + pi * ps, s1 = pi == NP - 1 ? g1 : s0 + ps, ai = gi * NP + pi;
         // Without stored zeros the implicit zero point's term (zero * group code sum) is the same for
         // every column: it starts the int32 sum, so the group ends with a plain convert.
         __m512i acc[MR][NJ];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-          const __m512i start = kOff == Offset::kZeros ? _mm512_setzero_si512() : _mm512_set1_epi32(-zc * asr[r][gi]);
+          const __m512i start = kOff == Offset::kZeros ? _mm512_setzero_si512() : _mm512_set1_epi32(-zc * asr[r][ai]);
           _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = start;
         }
         const auto step_at = [&](int64_t t) __attribute__((always_inline)) {
@@ -174,12 +212,17 @@ struct IntVnni {
               hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
               if constexpr (kShuffle) lo[j] = _mm512_shuffle_epi8(table, lo[j]), hi[j] = _mm512_shuffle_epi8(table, hi[j]);
             }
-            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
-              dpbusd_row<kShare>(acc[r], lo, arow[r] + t * 8), dpbusd_row<kShare>(acc[r], hi, arow[r] + t * 8 + 4);
+            if constexpr (kA16) {
+              a16_rows<kShare>(acc, lo, arow16, t * 8), a16_rows<kShare>(acc, hi, arow16, t * 8 + 4);
+            } else {
+              _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+                dpbusd_row<kShare>(acc[r], lo, arow[r] + t * 8), dpbusd_row<kShare>(acc[r], hi, arow[r] + t * 8 + 4);
+            }
           } else {
             __m512i wv[NJ];
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) wv[j] = _mm512_load_si512(panel[j] + t * 64);
-            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) dpbusd_row<kShare>(acc[r], wv, arow[r] + t * 4);
+            if constexpr (kA16) a16_rows<kShare>(acc, wv, arow16, t * 4);
+            else _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) dpbusd_row<kShare>(acc[r], wv, arow[r] + t * 4);
           }
         };
         group_steps<!kInt4, (MR > 1)>(pf, s0, s1, step_at);
@@ -192,17 +235,19 @@ struct IntVnni {
           if constexpr (kOff == Offset::kZeros) {
             const __m512i zv = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(zeros + si)));
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-              const __m512i corr = _mm512_mullo_epi32(zv, _mm512_set1_epi32(asr[r][gi]));
+              const __m512i corr = _mm512_mullo_epi32(zv, _mm512_set1_epi32(asr[r][ai]));
               acc[r][j] = _mm512_sub_epi32(acc[r][j], corr);
             }
           }
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
             accf[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), sv, accf[r][j]);
-          if constexpr (kOff == Offset::kMins) {
-            const __m512 mv = _mm512_load_ps(mins + si);
+        }
+       }
+        if constexpr (kOff == Offset::kMins)
+          _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+            const __m512 mv = _mm512_load_ps(mins + sx(j, gi));
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) fnmadd_bcast(accf[r][j], mv, asrow[r] + gi);
           }
-        }
       }
       _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
         const __mmask16 m = __mmask16((1u << valid_cols(w, b + j)) - 1);
@@ -216,29 +261,30 @@ struct IntVnni {
 };
 
 // The GEMM with the weights' offset form (and, for int4, the codebook shuffle) fixed at compile time.
-template <bool kInt4, bool kShuffle, int MR, int NJ, int ND>
+// A16 kernels take float mins (their code sums do not fit the integer mins' int16 pairs).
+template <bool kInt4, bool kShuffle, int MR, int NJ, int ND, bool kA16 = false>
 void int_vnni_gemm_offset(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                           int64_t ldc) {
-  if (w.has_zeros) drive<IntVnni<kInt4, kShuffle, Offset::kZeros>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
-  else if (w.has_mins && w.imin_groups) drive<IntVnni<kInt4, kShuffle, Offset::kIntMins>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
-  else if (w.has_mins) drive<IntVnni<kInt4, kShuffle, Offset::kMins>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
-  else drive<IntVnni<kInt4, kShuffle>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  if (w.has_zeros) drive<IntVnni<kInt4, kShuffle, Offset::kZeros, kA16>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else if (!kA16 && w.has_mins && w.imin_groups) drive<IntVnni<kInt4, kShuffle, Offset::kIntMins>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else if (w.has_mins) drive<IntVnni<kInt4, kShuffle, Offset::kMins, kA16>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else drive<IntVnni<kInt4, kShuffle, Offset::kImplicit, kA16>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
 }
 
 // The int4 GEMM: codes mapped through code_table when it is not the identity.
-template <int MR, int NJ, int ND>
+template <int MR, int NJ, int ND, bool kA16 = false>
 void int4_vnni_codes_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                           int64_t ldc) {
-  if (w.code_shuffle) int_vnni_gemm_offset<true, true, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
-  else int_vnni_gemm_offset<true, false, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  if (w.code_shuffle) int_vnni_gemm_offset<true, true, MR, NJ, ND, kA16>(w, e, b0, b1, a, c, ldc);
+  else int_vnni_gemm_offset<true, false, MR, NJ, ND, kA16>(w, e, b0, b1, a, c, ldc);
 }
 
 // With integer scales, row tiles read each column group's fp32 scales from a scratch built once per group
 // (isc * d; built per tile they cost iq4_xs about 2% at M = 1024); decode builds them per group inline.
-template <int MR, int NJ, int ND>
+template <int MR, int NJ, int ND, bool kA16 = false>
 void int4_vnni_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                     int64_t ldc) {
-  if (a.rows == 1 || !w.iscale_groups) return int4_vnni_codes_gemm<MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  if (a.rows == 1 || !w.iscale_groups) return int4_vnni_codes_gemm<MR, NJ, ND, kA16>(w, e, b0, b1, a, c, ldc);
   const int64_t G = a.G;
   std::vector<float> buf(size_t(NJ * G * 16) + 16);
   float* blk = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
@@ -249,17 +295,17 @@ void int4_vnni_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
     const IntFormBlock forms(w, e, b, G);
     for (int64_t j = 0; j < nj; ++j)
       for (int64_t gi = 0; gi < G; ++gi) _mm512_store_ps(blk + (j * G + gi) * 16, int_scale16(forms, j, gi));
-    int4_vnni_codes_gemm<MR, NJ, ND>(w, e, b, b + nj, ab, c + (b - b0) * 16, ldc);
+    int4_vnni_codes_gemm<MR, NJ, ND, kA16>(w, e, b, b + nj, ab, c + (b - b0) * 16, ldc);
   }
 }
 
 // The int8 GEMM. With scale groups the tile is half as wide: MR x NJ int32 sums and as many fp32
 // group sums must both stay in the 32 zmm registers (6 x 4 + 6 x 4 would spill the fp32 ones).
-template <int MR, int NJ, int ND>
+template <int MR, int NJ, int ND, bool kA16 = false>
 void int8_vnni_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                     int64_t ldc) {
-  if (w.num_groups() > 1) int_vnni_gemm_offset<false, false, MR, NJ / 2, ND>(w, e, b0, b1, a, c, ldc);
-  else int_vnni_gemm_offset<false, false, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  if (w.num_groups() > 1) int_vnni_gemm_offset<false, false, MR, NJ / 2, ND, kA16>(w, e, b0, b1, a, c, ldc);
+  else int_vnni_gemm_offset<false, false, MR, NJ, ND, kA16>(w, e, b0, b1, a, c, ldc);
 }
 
 MOE_ISA_END

@@ -1,5 +1,5 @@
 // act_buffer.h — the activation rows of one GEMM of the fused pass: int8 codes + row scale + per-group
-// code sums (int schemes), or bf16 bits / their fp32 values (float schemes), and the ActRows view a
+// code sums (int schemes; A16: int16 codes, sums per group piece), or bf16 bits / their fp32 values (float schemes), and the ActRows view a
 // kernel reads.
 #pragma once
 #include <algorithm>
@@ -20,6 +20,7 @@ namespace moe_cpu {
 // (or, for a kernel with f32_acts, their fp32 values); rows have stride Kp and zero padding.
 struct ActBuffer {
   std::vector<int8_t> q;
+  std::vector<int16_t> q16;  // A16 int schemes: int16 codes in a16_pos order (q unused)
   std::vector<float> s;
   std::vector<int32_t> asum;
   std::vector<float> asum_f32;  // for weights with float mins
@@ -27,21 +28,22 @@ struct ActBuffer {
   std::vector<uint16_t> b;
   std::vector<float> f;
   int64_t K = 0, Kp = 0, gl = 0, G = 0;
-  bool int_scheme = false, f32 = false, mins = false, imins = false;
-  int64_t G2 = 0;
+  bool int_scheme = false, a16 = false, f32 = false, mins = false, imins = false;
+  int64_t G2 = 0, NP = 1;  // NP: code sums per group (A16 pieces)
 
   // Sizes the buffers for `rows` rows (kept allocated across calls; set_row writes every byte).
   void reset(const PackedExperts& w, int64_t rows) {
     K = w.in_features, Kp = w.padded_k(), gl = w.group_len(), G = w.num_groups();
-    int_scheme = is_int_scheme(w.scheme);
+    int_scheme = is_int_scheme(w.scheme), a16 = int_scheme && w.a16;
     f32 = !int_scheme && w.kernel->f32_acts;
-    imins = int_scheme && w.has_mins && w.imin_groups > 0;
+    imins = int_scheme && !a16 && w.has_mins && w.imin_groups > 0;
+    NP = a16 ? a16_pieces(gl) : 1;
     mins = int_scheme && w.has_mins;  // fp32 code sums: float mins, and the ymm kernels' integer mins
     G2 = imins ? imin_pairs(w) * 2 : 0;
     if (int_scheme) {
-      q.resize(static_cast<size_t>(rows * Kp));
+      (a16 ? q16.resize(static_cast<size_t>(rows * Kp)) : q.resize(static_cast<size_t>(rows * Kp)));
       s.resize(static_cast<size_t>(rows));
-      asum.resize(static_cast<size_t>(rows * G));
+      asum.resize(static_cast<size_t>(rows * G * NP));
       if (mins) asum_f32.resize(static_cast<size_t>(rows * G));
       if (imins) asum16.resize(static_cast<size_t>(rows * G2));
     } else if (f32) {
@@ -53,6 +55,11 @@ struct ActBuffer {
   // Fills buffer row `row` (and its zero padding) from fp32 values x[K]; `what` names them in errors.
   void set_row(int64_t row, const float* x, const char* what) {
     if (!int_scheme) return set_float_span(row, 0, x, K);
+    if (a16) {
+      const float amax = row_amax(x, K);
+      if (amax < 0.f) throw ValueError(msg("non-finite ", what, " cannot be quantized to int16"));
+      return set_int_row(row, x, amax);
+    }
     int8_t* qr = q.data() + row * Kp;
     if (!quantize_row_int8(x, K, qr, &s[size_t(row)]))
       throw ValueError(msg("non-finite ", what, " cannot be quantized to int8 (check the inputs and weights for overflow)"));
@@ -74,6 +81,10 @@ struct ActBuffer {
   }
   // Int schemes: row `row` from x[K] whose amax = max |x| is known and finite.
   void set_int_row(int64_t row, const float* x, float amax) {
+    if (a16) {
+      quantize_row_int16_amax(x, K, amax, q16.data() + row * Kp, &s[size_t(row)], a16_pos);
+      return finish_a16_row(row);
+    }
     quantize_row_int8_amax(x, K, amax, q.data() + row * Kp, &s[size_t(row)]);
     finish_int_row(row);
   }
@@ -82,6 +93,16 @@ struct ActBuffer {
   // rows); the per-token scale does not depend on the order, the group sums do.
   template <int R>
   void set_perm_rows(int64_t row, const ActBuffer& src, const int32_t* src_rows, const int32_t* perm) {
+    if (a16) {  // int16 codes: one row at a time, positions through a16_pos on both sides
+      for (int r = 0; r < R; ++r) {
+        const int16_t* sr = src.q16.data() + src_rows[r] * src.Kp;
+        int16_t* qr = q16.data() + (row + r) * Kp;
+        s[size_t(row + r)] = src.s[size_t(src_rows[r])];
+        for (int64_t j = 0; j < K; ++j) qr[a16_pos(j)] = sr[a16_pos(perm[j])];
+        finish_a16_row(row + r);
+      }
+      return;
+    }
     const int8_t* sr[R];
     int8_t* qr[R];
     for (int r = 0; r < R; ++r) {
@@ -138,14 +159,31 @@ struct ActBuffer {
     }
     if (imins) std::fill(asum16.begin() + row * G2 + G, asum16.begin() + (row + 1) * G2, int16_t(0));  // whole runs
   }
+  // A16, once the codes [0, K) are set: zero padding, code sums per piece and (mins) per group.
+  void finish_a16_row(int64_t row) {
+    int16_t* qr = q16.data() + row * Kp;
+    for (int64_t k = K; k < Kp; ++k) qr[a16_pos(k)] = 0;
+    for (int64_t gi = 0; gi < G; ++gi) {
+      int64_t gsum = 0;
+      for (int64_t pi = 0; pi < NP; ++pi) {
+        const int64_t k0 = gi * gl + pi * kA16Piece, k1 = std::min({K, (gi + 1) * gl, NP > 1 ? k0 + kA16Piece : K});
+        int32_t sum = 0;  // |sum| <= 32767 * 256, or 32767 * gl for one piece (gl <= 256)
+        for (int64_t k = k0; k < k1; ++k) sum += qr[a16_pos(k)];
+        asum[size_t((row * G + gi) * NP + pi)] = sum;
+        gsum += sum;
+      }
+      if (mins) asum_f32[size_t(row * G + gi)] = float(gsum);
+    }
+  }
   // Rows [0, R) are rows idx[0..R) of `src` (reset for the same weights), every per-row array copied.
   void copy_rows(const ActBuffer& src, const int32_t* idx, int64_t R) {
     for (int64_t r = 0; r < R; ++r) {
       const int64_t i = idx[r];
       if (int_scheme) {
-        std::memcpy(q.data() + r * Kp, src.q.data() + i * Kp, size_t(Kp));
+        if (a16) std::memcpy(q16.data() + r * Kp, src.q16.data() + i * Kp, size_t(Kp) * sizeof(int16_t));
+        else std::memcpy(q.data() + r * Kp, src.q.data() + i * Kp, size_t(Kp));
         s[size_t(r)] = src.s[size_t(i)];
-        std::memcpy(asum.data() + r * G, src.asum.data() + i * G, size_t(G) * sizeof(int32_t));
+        std::memcpy(asum.data() + r * G * NP, src.asum.data() + i * G * NP, size_t(G * NP) * sizeof(int32_t));
         if (mins) std::memcpy(asum_f32.data() + r * G, src.asum_f32.data() + i * G, size_t(G) * sizeof(float));
         if (imins) std::memcpy(asum16.data() + r * G2, src.asum16.data() + i * G2, size_t(G2) * sizeof(int16_t));
       } else if (f32) {
@@ -159,7 +197,9 @@ struct ActBuffer {
     ActRows a;
     a.rows = rows, a.Kp = Kp, a.row_idx = row_idx, a.G = G;
     if (int_scheme) {
-      a.q = q.data(), a.scale = s.data(), a.asum = asum.data(), a.asum_f32 = mins ? asum_f32.data() : nullptr;
+      a.scale = s.data(), a.asum = asum.data(), a.asum_f32 = mins ? asum_f32.data() : nullptr, a.NP = NP;
+      if (a16) a.q16 = q16.data();
+      else a.q = q.data();
       if (imins) a.asum16 = asum16.data(), a.G2 = G2;
     } else if (f32) a.f32 = f.data();
     else a.bf16 = b.data();

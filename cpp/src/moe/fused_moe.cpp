@@ -52,10 +52,7 @@ std::vector<int32_t> local_ids(const FusedMoeArgs& a, int64_t E) {
 
 void check_args(const FusedMoeArgs& a) {
   const PackedExperts &w13 = *a.w13, &w2 = *a.w2;
-  // Pairs: the same scheme, or two int schemes (both quantize their activations per token to int8).
-  if (w13.scheme != w2.scheme && !(is_int_scheme(w13.scheme) && is_int_scheme(w2.scheme)))
-    throw ValueError(msg("w13 is packed as ", scheme_name(w13.scheme), " but w2 as ", scheme_name(w2.scheme),
-                         "; fused_experts takes the same scheme for both, or int4_w4a8 / int8_w8a8 in any pair"));
+  check_scheme_pair(w13, w2, "fused_experts");
   if (w13.num_experts != w2.num_experts)
     throw ValueError(msg("w13 has ", w13.num_experts, " experts but w2 has ", w2.num_experts));
   if (w13.in_features != a.H)
@@ -83,6 +80,17 @@ void check_args(const FusedMoeArgs& a) {
 }
 
 }  // namespace
+
+void check_scheme_pair(const PackedExperts& w13, const PackedExperts& w2, const char* what) {
+  const Scheme s13 = w13.run_scheme(), s2 = w2.run_scheme();
+  if (is_int_scheme(s13) && is_int_scheme(s2) && w13.a16 != w2.a16)
+    throw ValueError(msg("w13 runs ", scheme_name(s13), " but w2 ", scheme_name(s2), ": one keeps 16-bit activations, the "
+                         "other quantizes them to int8; ", what, " takes both as A16 (int4_w4a16 / int8_w8a16) or both as A8"));
+  if (s13 != s2 && !(is_int_scheme(s13) && is_int_scheme(s2)))
+    throw ValueError(msg("w13 is packed as ", scheme_name(s13), " but w2 as ", scheme_name(s2), "; ", what,
+                         " takes the same scheme for both, or two int schemes with the same activations "
+                         "(int4_w4a8 / int8_w8a8, or int4_w4a16 / int8_w8a16) in any pair"));
+}
 
 namespace {
 
@@ -230,8 +238,8 @@ void run_gemm1(const FusedMoeArgs& a, const std::vector<int64_t>& begin, const A
       uint32_t m = 0;
       for (int64_t j = 0; j < tiles; ++j) m = std::max(m, amax[size_t(p * tiles + j)]);
       if (m > 0x7f7fffffu)
-        throw ValueError("non-finite activation output cannot be quantized to int8 (check the inputs and "
-                         "weights for overflow)");
+        throw ValueError(msg("non-finite activation output cannot be quantized to ", a2.a16 ? "int16" : "int8",
+                             " (check the inputs and weights for overflow)"));
       a2.set_int_row(p, h + p * I, bits_to_float(m));
     }
   });
@@ -369,7 +377,7 @@ void fused_experts(const FusedMoeArgs& a) {
   // activation rows (H), and per worker a row of a GEMM1 piece (fp32, at most 2 * 64 + 32 columns,
   // when an expert's rows outgrow kPieceBytes).
   const auto act_row = [](const PackedExperts& w) {  // ActBuffer bytes per row
-    return is_int_scheme(w.scheme) ? w.padded_k() + 4 + 4 * w.num_groups()
+    return is_int_scheme(w.scheme) ? (w.a16 ? 2 : 1) * w.padded_k() + 4 + 4 * w.num_groups() * a16_pieces(w.group_len())
                                    : (w.kernel->f32_acts ? 4 : 2) * w.padded_k();
   };
   const int64_t I = a.w2->in_features, a1_rows = a.apply_router_weight_on_input ? a.k : 1;

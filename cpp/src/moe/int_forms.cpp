@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "dispatch/registry.h"
+#include "moe_cpu/errors.h"
 
 namespace moe_cpu {
 
@@ -144,6 +145,15 @@ void set_kernel(PackedExperts& p, const KernelDesc* kd) {
     p.scales = float_scales(p), p.iscales = AlignedBuffer(), p.dscales = AlignedBuffer(), p.iscale_groups = 0;
   derive_int_mins(p);
   derive_int_scales(p);
+}
+
+void set_a16(PackedExperts& p, bool a16) {
+  if (a16 && !is_int_scheme(p.scheme))
+    throw ValueError(msg(scheme_name(p.scheme), " weights have no 16-bit activation choice (their activations are bf16 "
+                         "already); int4_w4a16 / int8_w8a16 take int4 / int8 weights"));
+  if (p.a16 == a16 && p.kernel) return;
+  p.a16 = a16;
+  set_kernel(p, select_kernel(p));
 }
 
 AlignedBuffer float_mins(const PackedExperts& p) {

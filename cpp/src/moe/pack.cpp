@@ -158,7 +158,7 @@ void set_mins(PackedExperts& p, const float* mins) {
 }  // namespace
 
 PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const float* scales,
-                        int64_t group_size, const uint8_t* zeros, const int8_t* codebook, const float* mins) {
+                        int64_t group_size, const uint8_t* zeros, const int8_t* codebook, const float* mins, bool a16) {
   check_dims(E, N, K);
   check_group(group_size, K, true);
   if (zeros && codebook)
@@ -189,6 +189,7 @@ PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
                          zp ? "[0, 15] (unsigned int4 with zero points)"
                             : raw ? "[0, 15] (4-bit codebook indices)" : "[-8, 7] (signed int4)"));
   }
+  p.a16 = a16;
   p.kernel = select_kernel(p);
   derive_int_mins(p);
   derive_int_scales(p);
@@ -196,7 +197,7 @@ PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
 }
 
 PackedExperts pack_int8(const int8_t* q, int64_t E, int64_t N, int64_t K, const float* scales,
-                        int64_t group_size, const float* mins) {
+                        int64_t group_size, const float* mins, bool a16) {
   check_dims(E, N, K);
   check_group(group_size, K, false);
   PackedExperts p = make(Scheme::kInt8W8A8, E, N, K, group_size);
@@ -205,6 +206,7 @@ PackedExperts pack_int8(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
   p.scales = blocked<float>(p, [&](int64_t e, int64_t n, int64_t gi) { return scales[(e * N + n) * G + gi]; });
   set_mins(p, mins);
   fill_panels<uint32_t>(p, q, 1, 0x80808080u);
+  p.a16 = a16;
   p.kernel = select_kernel(p);
   derive_int_mins(p);
   return p;

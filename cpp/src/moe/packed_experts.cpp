@@ -107,6 +107,7 @@ void PackedExperts::code_row(int64_t e, int64_t n, uint16_t* out) const {
         for (int i = 0; i < 2; ++i)
           if (2 * t + i < K) out[2 * t + i] = reinterpret_cast<const uint16_t*>(row)[2 * c + i];
         break;
+      default: break;  // (the A16 names never reach PackedExperts::scheme)
     }
   }
 }

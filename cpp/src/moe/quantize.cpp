@@ -47,6 +47,11 @@ PackedExperts quantize_experts(const float* w, int64_t E, int64_t N, int64_t K, 
   for (int64_t i : bad)
     if (i >= 0) throw ValueError(msg("w flat index ", i, " = ", w[i], " is not finite; weights must be finite"));
   const int64_t rows = E * N;
+  if (is_a16_scheme(scheme)) {  // the A8 twin's weights, run with 16-bit activations
+    PackedExperts p = quantize_experts(w, E, N, K, weight_scheme(scheme), group_size, block_n, block_k);
+    set_a16(p, true);
+    return p;
+  }
   switch (scheme) {
     case Scheme::kInt4W4A8:
     case Scheme::kInt8W8A8: {
@@ -93,6 +98,7 @@ PackedExperts quantize_experts(const float* w, int64_t E, int64_t N, int64_t K, 
       });
       return pack_bf16(b.data(), E, N, K);
     }
+    default: break;
   }
   throw ValueError("unknown scheme");
 }

@@ -1,11 +1,12 @@
 // serialize.cpp — PackedExperts files: pack once, map forever.
 // Layout (little-endian): a 256-byte header, then the sections qweight, scales, zeros, mins, k_perm,
 // each at a 4096-byte aligned offset, so that a read-only mmap of the file is the packed buffers.
-//   header: magic "MOECPUPK", u32 version (3), u32 header bytes (256), u32 scheme, u32 layout id,
+//   header: magic "MOECPUPK", u32 version (3; 4 for A16 files), u32 header bytes (256), u32 scheme, u32 layout id,
 //           i64 E, N, K, group_size, block_n, u32 has_zeros, u32 section count (5),
 //           3 x {u64 offset, u64 bytes, u32 crc32, u32 0}, char kernel[40] (what it was packed for),
 //           the k_perm section {...}, u8 has_mins, u8 has_codebook, u8 has_k_perm, u8 0,
 //           i8 codebook[16], the mins section {...}, u32 crc32 of bytes [0, 252) at offset 252.
+//   Version 4 is version 3 with the A16 scheme ids (4 int4_w4a16, 5 int8_w8a16), which older readers refuse.
 //   Read too: version 2 (4 sections, kernel[64] where version 3 has kernel[40] and k_perm, a zero
 //   byte for has_k_perm) and version 1 (3 sections, zero bytes where version 2 has mins and codebook).
 // Everything read is checked (magic, version, CRCs, layout, shapes against section sizes, the file
@@ -31,7 +32,7 @@ namespace moe_cpu {
 namespace {
 
 constexpr char kMagic[8] = {'M', 'O', 'E', 'C', 'P', 'U', 'P', 'K'};
-constexpr uint32_t kVersion = 3, kHeaderBytes = 256, kLayoutBlocked16 = 1, kSections = 5;
+constexpr uint32_t kVersion = 4, kHeaderBytes = 256, kLayoutBlocked16 = 1, kSections = 5;
 constexpr uint64_t kAlign = 4096;
 
 #pragma pack(push, 1)
@@ -103,7 +104,7 @@ struct Mapping {  // owns a file mapping; shared by the views into it
 void save_packed(const PackedExperts& p, const std::string& path) {
   Header h{};
   std::memcpy(h.magic, kMagic, 8);
-  h.version = kVersion, h.header_bytes = kHeaderBytes, h.scheme = uint32_t(p.scheme), h.layout = kLayoutBlocked16;
+  h.version = p.a16 ? 4 : 3, h.header_bytes = kHeaderBytes, h.scheme = uint32_t(p.run_scheme()), h.layout = kLayoutBlocked16;
   h.E = p.num_experts, h.N = p.out_features, h.K = p.in_features, h.group_size = p.group_size, h.block_n = p.block_n;
   h.has_zeros = p.has_zeros, h.sections = kSections;
   h.has_mins = p.has_mins, h.has_codebook = p.has_codebook, h.has_k_perm = p.has_k_perm();
@@ -166,10 +167,10 @@ PackedExperts load_packed(const std::string& path, bool use_mmap, bool verify) {
   const uint32_t sections = h.version == 1 ? 3 : h.version == 2 ? 4 : kSections;
   if (h.version == 1) h.has_mins = h.has_codebook = 0, h.mins = Section{};  // padding in version 1
   if (h.version < 3) h.has_k_perm = 0, h.k_perm = Section{};                // kernel name bytes before
-  if (h.scheme > uint32_t(Scheme::kBf16) || h.sections != sections || h.header_bytes != kHeaderBytes)
+  if (h.scheme > uint32_t(h.version >= 4 ? Scheme::kInt8W8A16 : Scheme::kBf16) || h.sections != sections || h.header_bytes != kHeaderBytes)
     throw ValueError(msg("'", path, "' has an invalid header (scheme ", h.scheme, ", ", h.sections, " sections)"));
   PackedExperts p;
-  p.scheme = Scheme(h.scheme);
+  p.scheme = weight_scheme(Scheme(h.scheme)), p.a16 = is_a16_scheme(Scheme(h.scheme));
   p.num_experts = h.E, p.out_features = h.N, p.in_features = h.K, p.group_size = h.group_size, p.block_n = h.block_n;
   p.has_zeros = h.has_zeros != 0;
   p.has_mins = h.has_mins != 0;

@@ -1,8 +1,8 @@
 // reference_kernels.cpp — Eigen reference GEMMs of every precision, read through the layout accessors.
 // Numerics: int schemes take exact integer dot products inside each scale group (in float while
-//   group_len*127*max|w| < 2^24, else in double), scale them per (column, group), subtract the
-//   group offset (min) times the group's activation code sum, sum the groups in fp32, then multiply
-//   by the row's activation scale. fp8: bf16 activations x e4m3 values per
+//   group_len*amax*max|w| < 2^24, amax 127 for int8 activation codes and 32767 for A16's int16 ones,
+//   else in double), scale them per (column, group), subtract the group offset (min) times the group's
+//   activation code sum, sum the groups in fp32, then multiply by the row's activation scale. fp8: bf16 activations x e4m3 values per
 //   K-block (exact products, fp32 sums), times the block scale. bf16: fp32 sums of exact products.
 // Needs: nothing. Limits: none (any M, N, K, group).
 #include <Eigen/Core>
@@ -26,23 +26,23 @@ Cols cols_of(const PackedExperts& w, int64_t b0, int64_t b1) {
   return {n0, std::min(w.out_features, 16 * b1) - n0};
 }
 
-// acc[r, j] = sum over groups of P_g[r, j] * scale(e, n0 + j, g) (- min(e, n0 + j, g) * asum[r, g]
-// when the weights have mins: asum the activation code sums of the int schemes).
+// acc[r, j] = sum over groups of P_g[r, j] * scale(e, n0 + j, g) (- min(e, n0 + j, g) * (sum of A's row r
+// over group g) when the weights have mins: the activation code sums of the int schemes).
 template <class T>
-Mat<float> grouped_gemm(const PackedExperts& w, int64_t e, Cols cols, const Mat<T>& A, const Mat<T>& W,
-                        const ActRows* a = nullptr) {
+Mat<float> grouped_gemm(const PackedExperts& w, int64_t e, Cols cols, const Mat<T>& A, const Mat<T>& W) {
   const int64_t gl = w.group_len(), K = w.in_features;
   Mat<float> acc = Mat<float>::Zero(A.rows(), W.rows());
   Mat<T> P;
   for (int64_t gi = 0; gi < w.num_groups(); ++gi) {
     const int64_t k0 = gi * gl, len = std::min(gl, K - k0);
     P.noalias() = A.middleCols(k0, len) * W.middleCols(k0, len).transpose();
+    const Eigen::Matrix<T, Eigen::Dynamic, 1> asum = A.middleCols(k0, len).rowwise().sum();  // exact (integers)
     for (int64_t j = 0; j < W.rows(); ++j) {
       const float s = w.scale(e, cols.n0 + j, gi);
       for (int64_t r = 0; r < A.rows(); ++r) acc(r, j) += float(P(r, j)) * s;
-      if (w.has_mins && a) {
+      if (w.has_mins) {
         const float m = w.min(e, cols.n0 + j, gi);
-        for (int64_t r = 0; r < A.rows(); ++r) acc(r, j) -= m * float(a->asum[a->row_idx[r] * a->G + gi]);
+        for (int64_t r = 0; r < A.rows(); ++r) acc(r, j) -= m * float(asum(r));
       }
     }
   }
@@ -60,23 +60,25 @@ void int_gemm_as(const PackedExperts& w, int64_t e, Cols cols, const ActRows& a,
   const int64_t K = w.in_features;
   Mat<T> A(a.rows, K), W(cols.count, K);
   for (int64_t r = 0; r < a.rows; ++r)
-    for (int64_t k = 0; k < K; ++k) A(r, k) = T(a.q[a.row_idx[r] * a.Kp + k]);
+    for (int64_t k = 0; k < K; ++k)
+      A(r, k) = a.q16 ? T(a.q16[a.row_idx[r] * a.Kp + a16_pos(k)]) : T(a.q[a.row_idx[r] * a.Kp + k]);
   std::vector<int8_t> row(static_cast<size_t>(K));
   for (int64_t j = 0; j < cols.count; ++j) {
     w.int_row(e, cols.n0 + j, row.data());
     for (int64_t k = 0; k < K; ++k) W(j, k) = T(row[size_t(k)]);
   }
-  store(grouped_gemm(w, e, cols, A, W, &a), a.scale, a, c, ldc);
+  store(grouped_gemm(w, e, cols, A, W), a.scale, a, c, ldc);
 }
 
 void int_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  // |sum| <= len * 127 * max|w| must stay below 2^24 for float sums to be exact.
+  // |sum| <= len * amax * max|w| must stay below 2^24 for float sums to be exact.
+  const int64_t amax = w.a16 ? 32767 : 127;
   int64_t wmax = 128;
   if (w.scheme == Scheme::kInt4W4A8) {
     wmax = 15;
     for (int i = 0; i < 16 && !w.has_zeros; ++i) wmax = std::max<int64_t>(wmax, std::abs(int(w.codebook[i])));
   }
-  if (w.group_len() * 127 * wmax < (int64_t(1) << 24)) int_gemm_as<float>(w, e, cols_of(w, b0, b1), a, c, ldc);
+  if (w.group_len() * amax * wmax < (int64_t(1) << 24)) int_gemm_as<float>(w, e, cols_of(w, b0, b1), a, c, ldc);
   else int_gemm_as<double>(w, e, cols_of(w, b0, b1), a, c, ldc);
 }
 
@@ -116,6 +118,8 @@ void bf16_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const 
 extern const KernelDesc kernel_w4a8_reference{"w4a8_reference", Scheme::kInt4W4A8, "reference", 1, 1, 0, nullptr, int_gemm};
 extern const KernelDesc kernel_w8a8_reference{"w8a8_reference", Scheme::kInt8W8A8, "reference", 1, 1, 0, nullptr, int_gemm};
 extern const KernelDesc kernel_fp8w_reference{"fp8w_reference", Scheme::kFp8W8A16, "reference", 1, 1, 0, nullptr, fp8_gemm};
+extern const KernelDesc kernel_w4a16_reference{"w4a16_reference", Scheme::kInt4W4A16, "reference", 1, 1, 0, nullptr, int_gemm};
+extern const KernelDesc kernel_w8a16_reference{"w8a16_reference", Scheme::kInt8W8A16, "reference", 1, 1, 0, nullptr, int_gemm};
 extern const KernelDesc kernel_bf16_reference{"bf16_reference", Scheme::kBf16, "reference", 1, 1, 0, nullptr, bf16_gemm};
 
 }  // namespace moe_cpu

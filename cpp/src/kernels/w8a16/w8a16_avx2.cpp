@@ -1,0 +1,15 @@
+// w8a16_avx2.cpp — INT8 weights x per-row INT16 activations (int8_w8a16), AVX2 (vpmaddwd + vpaddd).
+// Tile: 4 rows x 16 columns, K step 4. kernels/int_avx2.h's IntDot::kMaddwd16 on the stored bytes w + 128
+// (zero point 128 removed with each piece's code sum).
+// Needs: AVX2, FMA. Limits: any M, any N, groups aligned to the k-step.
+#define MOE_ISA avx2  // kernels/isa.h: this file's ISA region
+#include "kernels/int_avx2.h"
+#include "kernels/limits.h"
+#include "moe_cpu/cpu_features.h"
+
+namespace moe_cpu {
+extern const KernelDesc kernel_w8a16_avx2{"w8a16_avx2_4x16", Scheme::kInt8W8A16, "avx2", 4, 16, kFeatAvx2,
+                                          kernels::groups_aligned<4>,
+                                          kernels::drive<kernels::IntAvx2<false, kernels::IntDot::kMaddwd16>::Micro, 4, 1, 4>};
+
+}  // namespace moe_cpu

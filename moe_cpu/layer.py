@@ -31,9 +31,8 @@ __all__ = ["MoELayer"]
 
 # ---------------------------------------------------------------------------------------- checks
 def _pair_ok(w13: PackedExperts, w2: PackedExperts) -> bool:
-    """fused_experts' pairs: one scheme, or int4_w4a8 / int8_w8a8 in any pair."""
-    ints = ("int4_w4a8", "int8_w8a8")
-    return w13.scheme == w2.scheme or (w13.scheme in ints and w2.scheme in ints)
+    """fused_experts' pairs: one scheme, or int4 / int8 in any pair with the same activations (A8 or A16)."""
+    return w13.scheme == w2.scheme or any(w13.scheme in t and w2.scheme in t for t in (api.A8_SCHEMES, api.A16_SCHEMES))
 
 
 def _packed(w: object, name: str) -> PackedExperts:
@@ -116,7 +115,7 @@ class MoELayer:
         self.w13, self.w2 = _packed(w13, "w13"), _packed(w2, "w2")
         if not _pair_ok(w13, w2):
             raise ValueError(f"w13 is packed as {w13.scheme} but w2 as {w2.scheme}; both must use the same scheme, "
-                             "or int4_w4a8 / int8_w8a8 in any pair")
+                             "or int4_w4a8 / int8_w8a8 (int4_w4a16 / int8_w8a16) in any pair")
         E, H = w13.num_experts, w13.in_features
         if w13.out_features % 2:
             raise ValueError(f"w13.out_features = {w13.out_features} must be even (2 * I: gate and up)")
@@ -379,8 +378,7 @@ class MoELayer:
     # ------------------------------------------------------------------ display
     def __repr__(self) -> str:
         def desc(w: PackedExperts) -> str:
-            quant = {"int4_w4a8": f"group {w.group_size}", "int8_w8a8": f"group {w.group_size}",
-                     "fp8_w8a16": f"block {w.block_size}", "bf16": ""}[w.scheme].replace("group -1", "per channel")
+            quant = {"fp8_w8a16": f"block {w.block_size}", "bf16": ""}.get(w.scheme, f"group {w.group_size}").replace("group -1", "per channel")
             if w.form not in ("int4", "int8", "fp8", "bf16"):
                 quant += f", {w.form}"
             return f"{w.scheme}{' (' + quant + ')' if quant else ''}, kernel {w.kernel}"

@@ -12,6 +12,8 @@ PEAK_INSN = {
     ("fp8w", "avx512vbmi"): "vdpbf16ps_zmm", ("fp8w", "avx512bf16"): "vdpbf16ps_zmm", ("bf16", "avx512bf16"): "vdpbf16ps_zmm",
     ("w4a8", "avx2vnni"): "vpdpbusd_ymm", ("w8a8", "avx2vnni"): "vpdpbusd_ymm",
     ("w4a8", "avx2"): "maddubs_ymm", ("w8a8", "avx2"): "maddubs_ymm", ("fp8w", "avx2"): "fma_ymm", ("bf16", "avx2"): "fma_ymm",
+    ("w4a16", "avx512vnni"): "vpdpwssd_zmm", ("w8a16", "avx512vnni"): "vpdpwssd_zmm",
+    ("w4a16", "avx2"): "maddwd_ymm", ("w8a16", "avx2"): "maddwd_ymm",
     ("w4a8", "amx"): "tdpbssd_amx", ("w8a8", "amx"): "tdpbssd_amx", ("fp8w", "amx"): "tdpbf16ps_amx", ("bf16", "amx"): "tdpbf16ps_amx",
 }
 

@@ -29,7 +29,9 @@ TOL_INT4_W4A8 = 2e-2
 TOL_INT8_W8A8 = 1e-2
 TOL_FP8_W8A16 = 5e-3     # a bf16 rounding flip of one intermediate value
 TOL_BF16 = 5e-3
-TOL = {"int4_w4a8": TOL_INT4_W4A8, "int8_w8a8": TOL_INT8_W8A8, "fp8_w8a16": TOL_FP8_W8A16, "bf16": TOL_BF16}
+TOL_A16 = 1e-3           # int16 activation codes: a flipped code moves 1 / 32767 of the row's range
+TOL = {"int4_w4a8": TOL_INT4_W4A8, "int8_w8a8": TOL_INT8_W8A8, "fp8_w8a16": TOL_FP8_W8A16, "bf16": TOL_BF16,
+       "int4_w4a16": TOL_A16, "int8_w8a16": TOL_A16}
 ATOL = 1e-6
 TOL_BF16_OUTPUT = 2.0 ** -8   # extra relative slack when the output dtype is bf16 (one final rounding)
 # Typical-error check (only with >= TIGHT_MIN_ROWS rows, where flips touch few rows): the median error

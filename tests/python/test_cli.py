@@ -152,7 +152,8 @@ def test_demo_small_layer_every_scheme(capsys):
     rows = {line.split()[0]: float(line.split()[2]) for line in capsys.readouterr().out.splitlines()
             if line.split() and line.split()[0] in moe_cpu.SCHEMES}
     assert set(rows) == set(moe_cpu.SCHEMES)
-    bound = {"int4_w4a8": 0.3, "int8_w8a8": 0.05, "fp8_w8a16": 0.1, "bf16": 0.01}   # vs the float64 unquantized layer
+    bound = {"int4_w4a8": 0.3, "int8_w8a8": 0.05, "fp8_w8a16": 0.1, "bf16": 0.01,   # vs the float64 unquantized layer
+             "int4_w4a16": 0.3, "int8_w8a16": 0.05}
     assert all(0 < rows[s] < bound[s] for s in rows), rows
 
 

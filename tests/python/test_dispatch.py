@@ -34,7 +34,24 @@ def _packed(scheme):
     return moe_cpu.quantize_experts(w, scheme)
 
 
-@pytest.mark.parametrize("scheme", moe_cpu.SCHEMES)
+# The A16 schemes' kernels so far: AVX-512 VNNI and AVX2 (vpmaddwd) on x86, the reference elsewhere
+# (no AMX, tile-model or NEON A16 kernel yet).
+A16_ISA = {"native": "avx512vnni", "avx512": "avx512vnni", "avx512_novbmi": "avx512vnni", "amx": "avx512vnni",
+           "avx2": "avx2", "avx2vnni": "avx2", "amx_model": "reference", "reference": "reference"}
+
+
+@pytest.mark.parametrize("scheme", moe_cpu.A16_SCHEMES)
+def test_a16_level_is_the_path_taken(scheme):
+    isa = kernel_isa(_packed(scheme).kernel)
+    want = A16_ISA.get(LEVEL, "reference")
+    if want == "avx512vnni" and "avx512_vnni" not in DETECTED:
+        want = "avx2" if "avx2" in DETECTED else "reference"
+    if want == "avx2" and "avx2" not in DETECTED:
+        want = "reference"
+    assert isa == want, f"MOE_CPU_ISA={LEVEL}: {scheme} runs {isa}"
+
+
+@pytest.mark.parametrize("scheme", [s for s in moe_cpu.SCHEMES if s not in moe_cpu.A16_SCHEMES])
 def test_forced_level_is_the_path_taken(scheme):
     isa = kernel_isa(_packed(scheme).kernel)
     assert moe_cpu.cpu_features()["isa"] == LEVEL
@@ -119,7 +136,8 @@ def test_force_isa_changes_later_packing_only(tmp_path):
 
 def test_every_registered_kernel_is_named_by_the_grammar():
     for k in moe_cpu._core.registered_kernels():
-        prefix = {"int4_w4a8": "w4a8", "int8_w8a8": "w8a8", "fp8_w8a16": "fp8w", "bf16": "bf16"}[k["scheme"]]
+        prefix = {"int4_w4a8": "w4a8", "int8_w8a8": "w8a8", "fp8_w8a16": "fp8w", "bf16": "bf16", "int4_w4a16": "w4a16",
+                  "int8_w8a16": "w8a16"}[k["scheme"]]
         want = f"{prefix}_{k['isa']}" + ("" if k["isa"] == "reference" else f"_{k['mr']}x{k['nr']}")
         assert k["name"] == want
 

@@ -14,24 +14,25 @@ from conftest import assert_close, float_weights, ref
 pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
 
 H, I_INT4, I_ODD = 128, 96, 45
-QUALITY = {"int4_w4a8": 0.25, "int8_w8a8": 0.05, "fp8_w8a16": 0.05, "bf16": 0.01}   # relative L2 limits
+QUALITY = {"int4_w4a8": 0.25, "int8_w8a8": 0.05, "fp8_w8a16": 0.05, "bf16": 0.01,   # relative L2 limits
+           "int4_w4a16": 0.25, "int8_w8a16": 0.05}
 
 
 def inter(scheme):
-    return I_INT4 if scheme == "int4_w4a8" else I_ODD
+    return I_INT4 if scheme.startswith("int4") else I_ODD
 
 
 def group(scheme):
-    return 32 if scheme == "int4_w4a8" else None
+    return 32 if scheme.startswith("int4") else None
 
 
 def ref_weights(p):
     """RefWeights holding the same codes and scales as the PackedExperts p."""
     d = p.unpack_quantized()
-    if p.scheme == "int4_w4a8":
-        return ref.RefWeights.int4(d["qweight"], d["scales"], p.group_size, d["zeros"])
-    if p.scheme == "int8_w8a8":
-        return ref.RefWeights.int8(d["qweight"], d["scales"], p.group_size)
+    if p.scheme.startswith("int4"):
+        return ref.RefWeights.int4(d["qweight"], d["scales"], p.group_size, d["zeros"], scheme=p.scheme)
+    if p.scheme.startswith("int8"):
+        return ref.RefWeights.int8(d["qweight"], d["scales"], p.group_size, scheme=p.scheme)
     if p.scheme == "fp8_w8a16":
         return ref.RefWeights.fp8(d["weight"], d["scale_inv"], p.block_size)
     return ref.RefWeights.bf16(d["weight"])

@@ -72,10 +72,11 @@ BAD_FILES = {
     "bad_magic": (lambda d: b"NOTMOE!!" + d[8:], "bad magic"),
     "corrupted_header": (lambda d: d[:30] + bytes([d[30] ^ 1]) + d[31:], "header checksum"),
     "corrupted_weights": (lambda d: d[:5000] + bytes([d[5000] ^ 0x10]) + d[5001:], "qweight checksum"),
-    "future_version": (lambda d: _edit(d, 8, "<I", 4), "version 4"),
+    "future_version": (lambda d: _edit(d, 8, "<I", 5), "version 5"),
     "unknown_layout": (lambda d: _edit(d, 20, "<I", 99), "layout 99"),
     "shape_mismatch": (lambda d: _edit(d, 24, "<q", 5), "bytes but the header's shapes need"),
     "bad_scheme": (lambda d: _edit(d, 16, "<I", 7), "invalid header"),
+    "a16_scheme_in_version_3": (lambda d: _edit(d, 16, "<I", 4), "invalid header"),
     "zero_experts": (lambda d: _edit(d, 24, "<q", 0), "invalid shapes"),
 }
 

@@ -104,6 +104,7 @@ __attribute__((target("avx2"))) uint64_t read_avx2(const uint8_t* p, size_t n) {
 
 __attribute__((target("avx512f"))) void vnni_zmm_loop(int64_t iters) { MOE_PEAK_LOOP("vpdpbusd"); }
 __attribute__((target("avx512f"))) void bf16_zmm_loop(int64_t iters) { MOE_PEAK_LOOP("vdpbf16ps"); }
+__attribute__((target("avx512f"))) void wssd_zmm_loop(int64_t iters) { MOE_PEAK_LOOP("vpdpwssd"); }
 #undef MOE_PEAK_LOOP
 
 // ymm loops (VEX only, ymm0-15): 12 accumulators ymm0-11 per iteration, sources ymm13-15.
@@ -139,6 +140,16 @@ void vnni_ymm_loop(int64_t iters) {
   "vpmaddubsw %%ymm15, %%ymm14, %%ymm" T "\n vpmaddwd %%ymm13, %%ymm" T ", %%ymm" T "\n"             \
   "vpaddd %%ymm" T ", %%ymm" A ", %%ymm" A "\n"
 void maddubs_ymm_loop(int64_t iters) {
+  asm volatile(MOE_YMM_ZERO "1:\n" MOE_CHAIN("6", "0") MOE_CHAIN("7", "1") MOE_CHAIN("8", "2") MOE_CHAIN("9", "3")
+               MOE_CHAIN("10", "4") MOE_CHAIN("11", "5") MOE_CHAIN("6", "0") MOE_CHAIN("7", "1") MOE_CHAIN("8", "2")
+               MOE_CHAIN("9", "3") MOE_CHAIN("10", "4") MOE_CHAIN("11", "5") "dec %0\n jnz 1b\n vzeroupper\n"
+               : "+r"(iters) : : MOE_YMM_CLOBBERS);
+}
+#undef MOE_CHAIN
+// The AVX2 int16 dot product of w4a16_avx2 / w8a16_avx2: int16 pairs to int32 (vpmaddwd), int32
+// accumulate (vpaddd); 12 chains per iteration into 6 accumulators through 6 temporaries.
+#define MOE_CHAIN(T, A) "vpmaddwd %%ymm15, %%ymm14, %%ymm" T "\n vpaddd %%ymm" T ", %%ymm" A ", %%ymm" A "\n"
+void maddwd_ymm_loop(int64_t iters) {
   asm volatile(MOE_YMM_ZERO "1:\n" MOE_CHAIN("6", "0") MOE_CHAIN("7", "1") MOE_CHAIN("8", "2") MOE_CHAIN("9", "3")
                MOE_CHAIN("10", "4") MOE_CHAIN("11", "5") MOE_CHAIN("6", "0") MOE_CHAIN("7", "1") MOE_CHAIN("8", "2")
                MOE_CHAIN("9", "3") MOE_CHAIN("10", "4") MOE_CHAIN("11", "5") "dec %0\n jnz 1b\n vzeroupper\n"
@@ -197,8 +208,10 @@ const std::vector<PeakLoop>& peak_loops() {
 #if defined(__x86_64__)
       {{"vpdpbusd_zmm", "vpdpbusd zmm (AVX-512 VNNI)", kFeatAvx512 | kFeatAvx512Vnni, 16 * 4 * 2}, vnni_zmm_loop, 16},
       {{"vdpbf16ps_zmm", "vdpbf16ps zmm (AVX512_BF16)", kFeatAvx512 | kFeatAvx512Bf16, 16 * 2 * 2}, bf16_zmm_loop, 16},
+      {{"vpdpwssd_zmm", "vpdpwssd zmm (AVX-512 VNNI)", kFeatAvx512 | kFeatAvx512Vnni, 16 * 2 * 2}, wssd_zmm_loop, 16},
       {{"vpdpbusd_ymm", "{vex} vpdpbusd ymm (AVX-VNNI)", kFeatAvx2 | kFeatAvxVnni, 8 * 4 * 2}, vnni_ymm_loop, 12},
       {{"maddubs_ymm", "vpmaddubsw + vpmaddwd + vpaddd ymm (AVX2)", kFeatAvx2, 32 * 2}, maddubs_ymm_loop, 12},
+      {{"maddwd_ymm", "vpmaddwd + vpaddd ymm (AVX2)", kFeatAvx2, 16 * 2}, maddwd_ymm_loop, 12},
       {{"fma_ymm", "vfmadd231ps ymm (AVX2 + FMA)", kFeatAvx2, 8 * 2}, fma_ymm_loop, 12},
       {{"tdpbssd_amx", "tdpbssd 16x16x64 (AMX-INT8)", kFeatAmx, 16 * 16 * 64 * 2}, tdpbssd_loop, 4},
       {{"tdpbf16ps_amx", "tdpbf16ps 16x16x32 (AMX-BF16)", kFeatAmx, 16 * 16 * 32 * 2}, tdpbf16ps_loop, 4},

@@ -23,6 +23,11 @@ import numpy as np
 from . import _core, api
 from ._argtypes import at_least
 
+SCHEMES = api.SCHEMES
+SCHEME_HELP = ("unquantized checkpoints: the scheme to quantize to (default bf16); int checkpoints: the activations, "
+               "e.g. int4_w4a8 (int8, faster prefill) or int4_w4a16 (16-bit; the default for GPTQ / AWQ / "
+               "compressed-tensors W4A16 / MXFP4; GGUF defaults to A8); default: what the checkpoint means")
+
 
 # ------------------------------------------------------------------------------------------ info
 def cmd_info(args: argparse.Namespace) -> int:
@@ -161,14 +166,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--checkpoint", required=True, help="safetensors directory / file or .gguf file")
     c.add_argument("--out", required=True, help="output directory (one layer_NNN directory per layer)")
     c.add_argument("--layers", required=True, type=_layer_list, help="layer numbers, e.g. 1,3-5")
-    c.add_argument("--scheme", default=None, help="scheme for unquantized checkpoints (default: as stored / bf16)")
+    c.add_argument("--scheme", default=None, choices=SCHEMES, help=SCHEME_HELP)
     r = sub.add_parser("run", help="random tokens through one layer: accuracy vs float64 and speed")
     r.add_argument("--checkpoint", required=True, help="checkpoint, or a directory written by convert")
     r.add_argument("--layer", type=at_least(0, int, "a layer number"), default=None,
                    help="layer number in the checkpoint (default 0; a converted layer has one)")
     r.add_argument("--tokens", type=at_least(1, int, "a token count"), default=32,
                    help="number of random tokens (default 32)")
-    r.add_argument("--scheme", default=None, help="scheme for unquantized checkpoints")
+    r.add_argument("--scheme", default=None, choices=SCHEMES, help=SCHEME_HELP)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--min-time", type=at_least(0, float, "seconds"), default=0.3, help="seconds of timed calls")
     r.add_argument("--ep", action="store_true", help="expert parallel over MPI: mpirun -np N moe-cpu run --ep ...")

@@ -20,7 +20,13 @@ from .config import MoEConfig
 __all__ = ["LayerWeights", "Part", "Source", "Stack", "resolve_scheme", "resolve_pair", "build_experts", "build_pair",
            "fold_act_order", "bf16_bits_to_f32", "check_expert_ids"]
 
-INT_SCHEMES = ("int4_w4a8", "int8_w8a8")
+A8 = api.A8_SCHEMES          # the int weights' own names (Source.native), int8 activations
+INT_SCHEMES = A8 + api.A16_SCHEMES
+
+
+def a16_name(scheme: str) -> str:
+    """int4_w4a8 -> int4_w4a16, int8_w8a8 -> int8_w8a16: the same weights with 16-bit activations."""
+    return scheme[:-1] + "16"
 
 
 @dataclass
@@ -93,6 +99,8 @@ class Source:
     group: int group size (-1 per channel) or fp8 (bn, bk); read(e) -> Part of expert e.
     codebook: int4 whose codes index 16 values (GGUF IQ4_NL / IQ4_XS / MXFP4 / Q4_K), else None;
     mins: True when its parts carry group offsets; zeros: zero points; act_order: a g_idx.
+    a16: int weights of a weight-only format (GPTQ, AWQ, compressed-tensors without input_activations,
+    MXFP4), calibrated for 16-bit activations: they load as the A16 scheme unless ``scheme=`` says otherwise.
     """
     name: str
     rows: int
@@ -103,6 +111,7 @@ class Source:
     mins: bool = False
     zeros: bool = False
     act_order: bool = False
+    a16: bool = False
 
 
 def check_expert_ids(experts: Optional[Sequence[int]], E: int) -> Optional[Tuple[int, ...]]:
@@ -132,10 +141,12 @@ def resolve_scheme(sources: Sequence[Source], requested: Optional[str], what: st
     Float tensors are quantized to ``requested`` (bf16 when None). Integer checkpoints keep their
     codes: int4 and int8 parts together become int8 (int4 codes are valid int8 codes, lossless);
     ``requested`` may only widen int4 to int8. Mixing float and quantized tensors is an error.
+    Activations: a weight-only format (Source.a16) runs as A16, others as A8; ``requested`` picks
+    either for any int checkpoint.
     """
     natives = {s.native for s in sources}
     names = ", ".join(s.name for s in sources)
-    if natives <= set(INT_SCHEMES):   # int4 stays int4 only with one codebook and groups of 32s
+    if natives <= set(A8):   # int4 stays int4 only with one codebook and groups of 32s
         gs = [s.group for s in sources if s.group != -1]
         if len({s.codebook for s in sources}) > 1 or (gs and math.gcd(*gs) % 32):
             natives = natives | {"int8_w8a8"}
@@ -144,17 +155,28 @@ def resolve_scheme(sources: Sequence[Source], requested: Optional[str], what: st
     if "float" in natives:
         raise ValueError(f"{what}: tensors {names} mix quantized and unquantized types; load_layer "
                          "cannot combine them into one scheme")
-    if natives <= set(INT_SCHEMES):
-        scheme = "int8_w8a8" if "int8_w8a8" in natives or requested == "int8_w8a8" else "int4_w4a8"
+    if natives <= set(A8):
+        widen = "int8_w8a8" in natives or (requested or "").startswith("int8")
+        scheme = "int8_w8a8" if widen else "int4_w4a8"
     elif natives == {"fp8_w8a16"}:
         scheme = "fp8_w8a16"
     else:
         raise ValueError(f"{what}: tensors {names} are quantized differently ({sorted(natives)})")
-    if requested not in (None, scheme):
+    allowed = (scheme, a16_name(scheme)) if scheme in A8 else (scheme,)
+    if requested not in (None,) + allowed:
         raise ValueError(f"{what}: the checkpoint is already quantized ({scheme} from {sorted(natives)}); "
                          f"scheme={requested!r} would need requantization, which load_layer does not do "
-                         f"(pass scheme=None or {scheme!r})")
-    return scheme
+                         f"(pass scheme=None or one of {list(allowed)})")
+    if scheme not in A8:
+        return scheme
+    if requested is not None:
+        return requested
+    kinds = {s.a16 for s in sources}
+    if len(kinds) > 1:
+        raise ValueError(f"{what}: tensors {names} mix weight-only int weights (16-bit activations) with int "
+                         "weights quantized for int8 activations; pass scheme= to choose one (e.g. "
+                         f"{a16_name(scheme)!r} or {scheme!r})")
+    return a16_name(scheme) if kinds.pop() else scheme
 
 
 def resolve_pair(w13: Sequence[Source], w2: Sequence[Source], requested: Optional[str],
@@ -172,7 +194,7 @@ def _stack_group(sources: Sequence[Source], scheme: str, group_size: Optional[in
     """Group size (int schemes) or (bn, bk) block (fp8) of the stacked tensor."""
     if sources[0].native == "float":
         if scheme in INT_SCHEMES:
-            return (128 if scheme == "int4_w4a8" else -1) if group_size is None else group_size
+            return (128 if scheme.startswith("int4") else -1) if group_size is None else group_size
         return tuple(block) if scheme == "fp8_w8a16" else -1
     groups = {s.group for s in sources}
     if scheme in INT_SCHEMES and len(groups) > 1:   # the finest group that every source's groups split into
@@ -266,7 +288,7 @@ def gather_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what:
     first = [src.read(ids[0]) for src in sources]
     last = [src.read(ids[-1]) for src in sources] if E > 1 else first
     # int4 kept as int4 stores codebook indices when the sources have a codebook (all the same one)
-    codebook = sources[0].codebook if scheme == "int4_w4a8" and not from_float else None
+    codebook = sources[0].codebook if scheme.startswith("int4") and not from_float else None
     m = z = gi = None
     if scheme in INT_SCHEMES:
         if not (g == -1 or (isinstance(g, int) and g > 0 and K % g == 0)):
@@ -275,7 +297,7 @@ def gather_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what:
         if any(zp) and not all(zp):
             raise ValueError(f"{what}: tensors {', '.join(s.name for s in sources)} mix zero-point and "
                              "symmetric weights")
-        keep_zeros = all(zp) and not from_float and scheme == "int4_w4a8"
+        keep_zeros = all(zp) and not from_float and scheme.startswith("int4")
         q = np.empty((E, N, K), np.uint8 if codebook is not None or keep_zeros else np.int8)
         s = np.empty((E, N, 1 if g == -1 else K // g), np.float32)
         if any(src.mins for src in sources):
@@ -310,9 +332,9 @@ def gather_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what:
             if scheme in INT_SCHEMES and p.scales.shape[1] != s.shape[2] and (gi is not None or p.zeros is not None):
                 raise ValueError(f"{what}: {src.name} has groups of K / {p.scales.shape[1]}, which the stack "
                                  f"would split into K / {s.shape[2]}; zero points and g_idx need one group size")
-            if scheme == "int8_w8a8" and p.codebook is not None:   # int4 indices widened to their int8 values
+            if scheme.startswith("int8") and p.codebook is not None:   # int4 indices widened to their int8 values
                 q[e, r0:r0 + n] = np.asarray(p.codebook, np.int8)[p.q]
-            elif scheme == "int8_w8a8" and p.zeros is not None:    # u - zero fits int8 (lossless)
+            elif scheme.startswith("int8") and p.zeros is not None:    # u - zero fits int8 (lossless)
                 grp = np.arange(K) // (K // p.zeros.shape[1]) if p.g_idx is None else p.g_idx
                 q[e, r0:r0 + n] = (p.q.astype(np.int16) - p.zeros[:, grp]).astype(np.int8)
             else:
@@ -348,11 +370,12 @@ def _set_g_idx(gi: np.ndarray, e: int, eid: int, sources: Sequence[Source], part
 
 def pack_stack(st: Stack, what: str) -> PackedExperts:
     try:
-        if st.scheme == "int4_w4a8":
+        if st.scheme.startswith("int4"):
             return api.pack_int4(st.q, st.scales, group_size=st.group, zeros=st.zeros, codebook=st.codebook,
-                                 mins=st.mins, g_idx=st.g_idx)
-        if st.scheme == "int8_w8a8":
-            return api.pack_int8(st.q, st.scales, group_size=st.group, mins=st.mins, g_idx=st.g_idx)
+                                 mins=st.mins, g_idx=st.g_idx, scheme=st.scheme)
+        if st.scheme.startswith("int8"):
+            return api.pack_int8(st.q, st.scales, group_size=st.group, mins=st.mins, g_idx=st.g_idx,
+                                 scheme=st.scheme)
         if st.scheme == "fp8_w8a16":
             return api.pack_fp8(st.q, st.scales, block_size=st.group)
         return api.pack_bf16(st.q)

@@ -152,8 +152,9 @@ def _target_matches(target: str, module: str) -> bool:
     return module == target or module.endswith("." + target)
 
 
-def _ct_args(qc: Dict[str, Any], module: str) -> Tuple[Dict[str, Any], str]:
-    """(weights args, format) of the compressed-tensors config group that targets ``module``."""
+def _ct_args(qc: Dict[str, Any], module: str) -> Tuple[Dict[str, Any], str, bool]:
+    """(weights args, format, weight-only) of the compressed-tensors config group that targets ``module``;
+    weight-only: the group has no input_activations (W4A16 / W8A16), so it loads as the A16 scheme."""
     groups = qc.get("config_groups")
     if not isinstance(groups, dict):
         raise ValueError("config.json: quantization_config key 'config_groups' is missing")
@@ -173,7 +174,7 @@ def _ct_args(qc: Dict[str, Any], module: str) -> Tuple[Dict[str, Any], str]:
                 raise ValueError(f"config.json: config group {gname!r} input_activations must be dynamic "
                                  "per-token 8-bit (static activation scales are not supported)")
             fmt = grp.get("format") or qc.get("format")
-            return w, fmt
+            return w, fmt, not act
     raise ValueError(f"config.json: no compressed-tensors config group targets {module}")
 
 
@@ -277,7 +278,7 @@ class _Layer:
             return self.gptq_awq(label, module, N, K)
         if ck.has(m0 + ".weight_packed") or (ck.has(m0 + ".weight") and ck.info(m0 + ".weight")[0] == "I8"):
             packed = ck.has(m0 + ".weight_packed")
-            w, fmt = _ct_args(self.qc, m0)
+            w, fmt, weight_only = _ct_args(self.qc, m0)
             want = ("pack-quantized",) if packed else ("int-quantized", "naive-quantized")
             if fmt not in want:
                 raise ValueError(f"tensor {m0 + ('.weight_packed' if packed else '.weight')}: found, but "
@@ -313,7 +314,7 @@ class _Layer:
                     want = (N,) if g == -1 and len(shp) == 1 else (N, G)
                     s = _to_f32(ck.read(sname, want, FLOAT, what=label)).reshape(N, G)
                 return Part("int", q, s)
-            return Source(label, N, native, g, read)
+            return Source(label, N, native, g, read, a16=weight_only)
 
         if ck.has(m0 + ".weight_scale_inv"):   # DeepSeek-V3 block fp8
             blk = self.qc.get("weight_block_size")
@@ -365,7 +366,7 @@ class _Layer:
             if act:   # a missing g_idx raises naming the tensor
                 gi = _check_g_idx(ck.read(m + ".g_idx", (K,), ["I32", "I64"], what=label), m + ".g_idx", G, g)
             return Part("int", q, np.ascontiguousarray(s.T), zeros=np.ascontiguousarray(z.T), g_idx=gi)
-        return Source(label, N, "int4_w4a8", g, read, zeros=True, act_order=act)
+        return Source(label, N, "int4_w4a8", g, read, zeros=True, act_order=act, a16=True)
 
     def fused(self, label: str, name: str, rows: int, K: int, E: int) -> Source:
         """gpt-oss: one [E, K, rows] tensor, transposed per expert to [rows, K]."""
@@ -390,7 +391,7 @@ class _Layer:
             q = np.empty((rows, K // 32, 32), np.uint8)
             q[..., 0::2], q[..., 1::2] = b & 15, b >> 4
             return Part("int", q.reshape(rows, K), mxfp4_scales(sc), codebook=MXFP4_VALUES)
-        return Source(label, rows, "int4_w4a8", 32, read, codebook=MXFP4_VALUES)
+        return Source(label, rows, "int4_w4a8", 32, read, codebook=MXFP4_VALUES, a16=True)
 
     def vector(self, name: str, shape: Tuple[int, ...]) -> np.ndarray:
         return np.ascontiguousarray(_to_f32(self.ck.read(name, shape, FLOAT)).reshape(shape))

@@ -329,6 +329,10 @@ class CPUExpertsInt4:
                     f"{name} must be a moe_cpu.PackedExperts (int4_w4a8), got {type(w).__name__}; "
                     "pack weights with moe_cpu.quantize_experts(w, 'int4_w4a8') or moe_cpu.pack_int4"
                 )
+            if scheme == "int4_w4a16":   # vLLM's CPU int4 MoE is W4A8 only: no silent change of activations
+                raise ValueError(f"{name} is packed as 'int4_w4a16'; CPUExpertsInt4 is vLLM's W4A8 (int8 "
+                                 "activations per token) and needs 'int4_w4a8': pack with scheme='int4_w4a8', or "
+                                 "run W4A16 weights with moe_cpu.fused_experts")
             if scheme != "int4_w4a8":
                 raise ValueError(f"{name} is packed as {scheme!r}; CPUExpertsInt4 needs 'int4_w4a8'")
             if (w.out_features, w.in_features) != (n, k):

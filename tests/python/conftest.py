@@ -93,7 +93,7 @@ def make_weights(rng, scheme, E, N, K, group_size=None, zeros=False, block=(128,
     import moe_cpu
 
     w = float_weights(rng, E, N, K)
-    if scheme == "int4_w4a8":
+    if scheme in ("int4_w4a8", "int4_w4a16"):
         g = 128 if group_size is None else group_size
         if zeros:
             q, s, z = ref.quantize_int4_zp(w, g)
@@ -104,13 +104,14 @@ def make_weights(rng, scheme, E, N, K, group_size=None, zeros=False, block=(128,
                 q[(q == -7) & (rng.random(q.shape) < 0.5)] = -8
         if bf16_scales:
             s = ref.bf16_round(s).astype(ml_dtypes.bfloat16)
-        return ref.RefWeights.int4(q, s, g, z), moe_cpu.pack_int4(q, s, group_size=g, zeros=z)
-    if scheme == "int8_w8a8":
+        return (ref.RefWeights.int4(q, s, g, z, scheme=scheme),
+                moe_cpu.pack_int4(q, s, group_size=g, zeros=z, scheme=scheme))
+    if scheme in ("int8_w8a8", "int8_w8a16"):
         g = -1 if group_size is None else group_size
         q, s = ref.quantize_int8(w, g)
         if edge_codes:
             q[(q == -127) & (rng.random(q.shape) < 0.5)] = -128
-        return ref.RefWeights.int8(q, s, g), moe_cpu.pack_int8(q, s, group_size=g)
+        return ref.RefWeights.int8(q, s, g, scheme=scheme), moe_cpu.pack_int8(q, s, group_size=g, scheme=scheme)
     if scheme == "fp8_w8a16":
         codes, s = ref.quantize_fp8(w, block)
         return ref.RefWeights.fp8(codes, s, block), moe_cpu.pack_fp8(codes, s, block_size=tuple(block))
@@ -156,4 +157,10 @@ SCHEME_CONFIGS = {
     "fp8_128": dict(scheme="fp8_w8a16"),
     "fp8_32x64": dict(scheme="fp8_w8a16", block=(32, 64)),
     "bf16": dict(scheme="bf16"),
+    # A16: the int weights with int16 activations per token
+    "w4a16_g32": dict(scheme="int4_w4a16", group_size=32),
+    "w4a16_g64_zp": dict(scheme="int4_w4a16", group_size=64, zeros=True),
+    "w4a16_pc": dict(scheme="int4_w4a16", group_size=-1),
+    "w8a16": dict(scheme="int8_w8a16"),
+    "w8a16_g32": dict(scheme="int8_w8a16", group_size=32),
 }

@@ -76,9 +76,10 @@ def moe_file(tmp_path, rng, types, E=4, H=256, I=256, shexp=None):
 def ref_of(p):
     """RefWeights from a PackedExperts' stored codes (their decoding is checked bit for bit first)."""
     d = p.unpack_quantized()
-    if p.scheme == "int4_w4a8":
-        return ref.RefWeights.int4(d["qweight"], d["scales"], p.group_size, d["zeros"], d["codebook"], d["mins"])
-    return ref.RefWeights.int8(d["qweight"], d["scales"], p.group_size, d["mins"])
+    if p.scheme.startswith("int4"):
+        return ref.RefWeights.int4(d["qweight"], d["scales"], p.group_size, d["zeros"], d["codebook"], d["mins"],
+                                   scheme=p.scheme)
+    return ref.RefWeights.int8(d["qweight"], d["scales"], p.group_size, d["mins"], scheme=p.scheme)
 
 
 def check_layer(rng, lw, keep, M, k=2):
@@ -91,11 +92,13 @@ def check_layer(rng, lw, keep, M, k=2):
     x = make_input(rng, M, H)
     tw, ids = make_routing(rng, M, E, k)
     got = moe_cpu.fused_experts(x, lw.w13, lw.w2, tw, ids)
-    assert_close(got, ref.fused_experts_ref(x, ref_of(lw.w13), ref_of(lw.w2), tw, ids), "int4_w4a8", "vs reference.py")
+    a16 = lw.w13.scheme in moe_cpu.A16_SCHEMES
+    tol = "int4_w4a16" if a16 else "int4_w4a8"
+    assert_close(got, ref.fused_experts_ref(x, ref_of(lw.w13), ref_of(lw.w2), tw, ids), tol, "vs reference.py")
     if M:
         want = ref.fused_experts_float64(x, w13, keep["ffn_down_exps.weight"], tw, ids)
         err = np.abs(got - want).max() / np.abs(want).max()
-        assert err < TOL["int4_w4a8"] * 2, f"vs float64 on gguf's dequantized weights: {err:.3g}"
+        assert err < TOL[tol] * 2, f"vs float64 on gguf's dequantized weights: {err:.3g}"
 
 
 @pytest.mark.isa
@@ -128,10 +131,15 @@ FORM = {"Q4_0": "int4", "Q4_1": "int4+codebook+mins", "Q5_0": "int8", "Q5_1": "i
 @pytest.mark.parametrize("typ", TYPES)
 def test_layer_of_one_type(tmp_path, rng, typ, M):
     path, keep = moe_file(tmp_path, rng, (typ,) * 3)
-    lw = load_layer(path, L)
-    assert lw.w13.form == lw.w2.form == FORM[typ]
+    lw = load_layer(path, L)      # GGUF keeps int8 activations by default, as llama.cpp computes them
+    assert lw.w13.form == lw.w2.form == FORM[typ] and lw.scheme in moe_cpu.A8_SCHEMES
     assert lw.w2.group_size == (16 if typ == "Q6_K" else 32)
     check_layer(rng, lw, keep, M)
+    if M in (1, 257):             # 16-bit activations are one argument away, on every form
+        a16 = lw.scheme[:-1] + "16"
+        lw16 = load_layer(path, L, scheme=a16)
+        assert lw16.scheme == lw16.w2.scheme == a16 and lw16.w13.form == FORM[typ]
+        check_layer(rng, lw16, keep, M)
 
 
 @pytest.mark.isa

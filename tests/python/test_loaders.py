@@ -137,10 +137,12 @@ def test_compressed_tensors_int4(tmp_path, rng, fmt, g):
 
 
 @pytest.mark.isa
+@pytest.mark.parametrize("weight_only", [False, True])
 @pytest.mark.parametrize("strategy", ["channel", "tensor"])
-def test_compressed_tensors_int8_mixtral_odd_I(tmp_path, rng, strategy):
+def test_compressed_tensors_int8_mixtral_odd_I(tmp_path, rng, strategy, weight_only):
     """W8A8 per channel (or one scale per tensor, broadcast), Mixtral naming
-    (block_sparse_moe.experts.N.w1/w3/w2), odd I."""
+    (block_sparse_moe.experts.N.w1/w3/w2), odd I. Without input_activations (W8A16, weight-only) the layer
+    loads as int8_w8a16; scheme= still picks either."""
     E, H, I = 8, 64, 45
     tensors, q_all, s_all = {}, {}, {}
     for layer in range(LAYERS):
@@ -161,14 +163,23 @@ def test_compressed_tensors_int8_mixtral_odd_I(tmp_path, rng, strategy):
            "intermediate_size": I, "num_hidden_layers": LAYERS,
            "quantization_config": ct_config(8, -1, "int-quantized")}
     cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = strategy
-    lw = load_layer(save_hf(tmp_path / "mix", cfg, tensors), L)
+    if weight_only:
+        del cfg["quantization_config"]["config_groups"]["group_0"]["input_activations"]
+    path = save_hf(tmp_path / "mix", cfg, tensors)
+    lw = load_layer(path, L)
+    scheme = "int8_w8a16" if weight_only else "int8_w8a8"
     get = lambda d, w: np.stack([d[L, e, w] for e in range(E)])  # noqa: E731
     q13 = np.concatenate([get(q_all, "w1"), get(q_all, "w3")], axis=1)
     s13 = np.concatenate([get(s_all, "w1"), get(s_all, "w3")], axis=1)
-    assert lw.scheme == "int8_w8a8" and lw.config.renormalize and lw.config.top_k == 2
+    assert lw.scheme == scheme and lw.w2.scheme == scheme and lw.config.renormalize and lw.config.top_k == 2
     assert_codes(lw.w13, qweight=q13, scales=s13)
     assert_codes(lw.w2, qweight=get(q_all, "w2"), scales=get(s_all, "w2"))
-    check_moe(rng, lw, ref.RefWeights.int8(q13, s13), ref.RefWeights.int8(get(q_all, "w2"), get(s_all, "w2")))
+    check_moe(rng, lw, ref.RefWeights.int8(q13, s13, scheme=scheme),
+              ref.RefWeights.int8(get(q_all, "w2"), get(s_all, "w2"), scheme=scheme))
+    other = "int8_w8a8" if weight_only else "int8_w8a16"
+    assert load_layer(path, L, scheme=other).scheme == other
+    with pytest.raises(ValueError, match="would need requantization"):
+        load_layer(path, L, scheme="int4_w4a16")
 
 
 # ---------------------------------------------------------------------------- DeepSeek FP8

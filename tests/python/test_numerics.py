@@ -25,7 +25,7 @@ pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts
 
 ACTIVATIONS = ref.ACTIVATIONS
 ALL = sorted(SCHEME_CONFIGS)
-ANY_K = ["int4_pc", "int8", "fp8_128", "fp8_32x64", "bf16"]      # configs that accept any K
+ANY_K = ["int4_pc", "int8", "fp8_128", "fp8_32x64", "bf16", "w4a16_pc", "w8a16"]      # configs that accept any K
 
 
 def run_case(rng, name, E, H, I, M, k, activation="silu", dtype="float32", ids=None, weights=None,
@@ -71,6 +71,21 @@ def test_k_equals_one_group(rng, name, H, I):
                                       ("fp8_32x64", 70, 45), ("bf16", 70, 45)])
 def test_many_tokens(rng, name, H, I):
     run_case(rng, name, E=4, H=H, I=I, M=257, k=2)
+
+
+# A16's int32 sums run over pieces of at most 256 channels of a group: per channel and groups longer than 256,
+# with a last piece shorter than the rest (K = 1000, 1040 = 2 groups of 520 = 256 + 256 + 8), at 1 and 9 rows.
+@pytest.mark.parametrize("M", [1, 9])
+@pytest.mark.parametrize("scheme,group,H,I", [("int4_w4a16", -1, 1000, 520), ("int8_w8a16", -1, 1000, 520),
+                                              ("int8_w8a16", 520, 1040, 520), ("int4_w4a16", 512, 1024, 512)])
+def test_a16_long_groups_in_pieces(rng, scheme, group, H, I, M):
+    cfg = dict(scheme=scheme, group_size=group)
+    w13r, w13p, w2r, w2p = make_moe(rng, cfg, 4, H, I)
+    x = make_input(rng, M, H, scale=3.0)
+    x[:, :3] *= 50                                    # outlier channels: large int16 codes in every row
+    tw, ids = make_routing(rng, M, 4, 2)
+    got = moe_cpu.fused_experts(x, w13p, w2p, tw, ids)
+    assert_close(got, ref.fused_experts_ref(x, w13r, w2r, tw, ids), scheme, f"{scheme} g{group} H={H} M={M}")
 
 
 def _shape(name):
@@ -224,7 +239,7 @@ def test_unpack_and_unpack_quantized(rng, name):
     # (q - zero) * scale is one float32 rounding of an exact product -> equal to the float64 value rounded.
     np.testing.assert_array_equal(wp.unpack(), wr.dequantize().astype(np.float32))
     d = wp.unpack_quantized()
-    if cfg["scheme"] == "int4_w4a8":
+    if cfg["scheme"].startswith("int4"):
         assert wp.group_size == cfg["group_size"] and wp.has_zeros == bool(cfg.get("zeros"))
         np.testing.assert_array_equal(d["qweight"], wr.codes)
         assert d["qweight"].dtype == (np.uint8 if cfg.get("zeros") else np.int8)
@@ -233,7 +248,7 @@ def test_unpack_and_unpack_quantized(rng, name):
             np.testing.assert_array_equal(d["zeros"], wr.zeros)
         else:
             assert d["zeros"] is None
-    elif cfg["scheme"] == "int8_w8a8":
+    elif cfg["scheme"].startswith("int8"):
         assert wp.group_size == cfg.get("group_size", -1)
         np.testing.assert_array_equal(d["qweight"], wr.codes)
         np.testing.assert_array_equal(d["scales"].reshape(wr.scales.shape), wr.scales)

@@ -42,6 +42,23 @@ def inputs(dtype, seed=0):
     return x, logits
 
 
+def test_ops_run_a16_weights():
+    """An int4_w4a16 handle: the op computes what moe_cpu.fused_experts computes (16-bit activations)."""
+    rng = np.random.default_rng(6)
+    w13r, w13p, w2r, w2p = make_moe(rng, {"scheme": "int4_w4a16", "group_size": 32}, E, H, I)
+    h13, h2 = mt.register(w13p), mt.register(w2p)
+    try:
+        x, logits = inputs(torch.float32, seed=3)
+        w, ids = ops.select_experts(logits, K, renormalize=True)
+        y = ops.fused_experts(x, h13, h2, w, ids)
+        want = ref.fused_experts_ref(x.numpy(), w13r, w2r, w.numpy(), ids.numpy())
+        assert_close(y.numpy(), want, "int4_w4a16", "op int4_w4a16")
+        np.testing.assert_array_equal(y.numpy(), moe_cpu.fused_experts(x.numpy(), w13p, w2p, w.numpy(), ids.numpy()))
+    finally:
+        mt.release(h13)
+        mt.release(h2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_ops_match_reference(moe, dtype):
     w13r, w2r, h13, h2 = moe

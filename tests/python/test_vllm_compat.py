@@ -680,6 +680,9 @@ def test_apply_rejects_non_int4_weights(small):
     bf16 = moe_cpu.quantize_experts(layer.w2, "bf16")
     with pytest.raises(ValueError, match="w2 is packed as 'bf16'; CPUExpertsInt4 needs 'int4_w4a8'"):
         _apply(layer.experts(), layer, x, logits, w2=bf16)
+    a16 = moe_cpu.quantize_experts(layer.w2, "int4_w4a16", -1)
+    with pytest.raises(ValueError, match="w2 is packed as 'int4_w4a16'; CPUExpertsInt4 is vLLM's W4A8"):
+        _apply(layer.experts(), layer, x, logits, w2=a16)
 
 
 @pytest.mark.isa

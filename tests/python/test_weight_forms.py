@@ -36,8 +36,9 @@ def kquant_scales(rng, E, N, G, lo, hi, K):
     return np.ascontiguousarray((d * sc).reshape(E, N, -1)[:, :, :G], np.float32)
 
 
-def form_weights(rng, form, E, N, K):
-    """(RefWeights, PackedExperts) of random codes in a GGUF-like form, outputs of unit scale."""
+def form_weights(rng, form, E, N, K, a16=False):
+    """(RefWeights, PackedExperts) of random codes in a GGUF-like form, outputs of unit scale; a16: run them
+    with 16-bit activations (int4_w4a16 / int8_w8a16)."""
     if form in ("iq4nl", "mxfp4", "q4k", "q4k_dmin", "q4k_ks", "iq4xs"):
         cb = {"iq4nl": IQ4_NL, "mxfp4": MXFP4, "iq4xs": IQ4_NL}.get(form, UNSIGNED)
         g, G = 32, K // 32
@@ -50,15 +51,17 @@ def form_weights(rng, form, E, N, K):
             s = (rng.uniform(0.5, 1.5, (E, N, G)) / ((60 if form == "iq4nl" else 8) * np.sqrt(K))).astype(np.float32)
         m = (s * rng.uniform(0, 15, (E, N, G))).astype(np.float32) if form == "q4k" else None
         m = kquant_mins(rng, E, N, G) if form in ("q4k_dmin", "q4k_ks") else m
-        return (ref.RefWeights.int4(q, s, g, codebook=cb, mins=m),
-                moe_cpu.pack_int4(q, s, g, codebook=cb, mins=m))
+        sch = "int4_w4a16" if a16 else "int4_w4a8"
+        return (ref.RefWeights.int4(q, s, g, codebook=cb, mins=m, scheme=sch),
+                moe_cpu.pack_int4(q, s, g, codebook=cb, mins=m, scheme=sch))
     g = 16 if form == "q6k" else 32
     lo, hi = (-32, 31) if form == "q6k" else (0, 31)
     q = rng.integers(lo, hi + 1, (E, N, K)).astype(np.int8)
     s = (rng.uniform(0.5, 1.5, (E, N, K // g)) / (20 * np.sqrt(K))).astype(np.float32)
     m = (s * rng.uniform(0, 31, s.shape)).astype(np.float32) if form == "q5k" else None
     m = kquant_mins(rng, E, N, K // g) if form == "q5k_dmin" else m
-    return ref.RefWeights.int8(q, s, g, mins=m), moe_cpu.pack_int8(q, s, g, mins=m)
+    sch = "int8_w8a16" if a16 else "int8_w8a8"
+    return ref.RefWeights.int8(q, s, g, mins=m, scheme=sch), moe_cpu.pack_int8(q, s, g, mins=m, scheme=sch)
 
 
 FORMS = ["iq4nl", "mxfp4", "q4k", "q6k", "q5k", "q4k_dmin", "q5k_dmin", "q4k_ks", "iq4xs"]
@@ -93,17 +96,34 @@ PAIRS = [("iq4nl", "iq4nl"), ("mxfp4", "mxfp4"), ("q4k", "q6k"), ("q5k", "q6k"),
          ("q4k_dmin", "q6k"), ("q5k_dmin", "q4k_dmin"), ("q4k_ks", "q6k"), ("iq4xs", "q4k_ks")]
 
 
+@pytest.mark.parametrize("a16", [False, True], ids=["a8", "a16"])
 @pytest.mark.parametrize("M", [0, 1, 3, 257])
 @pytest.mark.parametrize("pair", PAIRS, ids=["-".join(p) for p in PAIRS])
-def test_fused_experts_matches_reference(rng, pair, M):
+def test_fused_experts_matches_reference(rng, pair, M, a16):
     E, k, H, I = 4, 2, 96, 64
-    r13, p13 = form_weights(rng, pair[0], E, 2 * I, H)
-    r2, p2 = form_weights(rng, pair[1], E, H, I)
+    r13, p13 = form_weights(rng, pair[0], E, 2 * I, H, a16)
+    r2, p2 = form_weights(rng, pair[1], E, H, I, a16)
     x = make_input(rng, M, H)
     tw, ids = make_routing(rng, M, E, k)
     got = moe_cpu.fused_experts(x, p13, p2, tw, ids)
     want = ref.fused_experts_ref(x, r13, r2, tw, ids)
-    assert_close(got, want, "int4_w4a8", f"{pair} M={M}")   # the looser of the two int tolerances
+    # the looser of the two int tolerances of the activations' kind
+    assert_close(got, want, "int4_w4a16" if a16 else "int4_w4a8", f"{pair} M={M}")
+
+
+@pytest.mark.parametrize("a16_13", [False, True])
+def test_a16_pairs_with_a16_only(rng, a16_13):
+    """int4 / int8 weights pair in any way with the same activations; A16 with A8 is refused, naming both."""
+    r13, p13 = form_weights(rng, "q4k", 2, 64, 64, a16_13)
+    r2, p2 = form_weights(rng, "q6k", 2, 64, 32, not a16_13)
+    x = make_input(rng, 3, 64)
+    tw, ids = make_routing(rng, 3, 2, 1)
+    with pytest.raises(ValueError, match="one keeps 16-bit activations, the other quantizes them to int8"):
+        moe_cpu.fused_experts(x, p13, p2, tw, ids)
+    with pytest.raises(ValueError, match=f"w13 is {r13.scheme} but w2 is {r2.scheme}"):
+        ref.fused_experts_ref(x, r13, r2, tw, ids)
+    with pytest.raises(ValueError, match="both must use the same scheme"):
+        moe_cpu.MoELayer(np.ones((2, 64), np.float32), p13, p2, top_k=1)
 
 
 @pytest.mark.parametrize("E,k", [(1, 1), (3, 3)])

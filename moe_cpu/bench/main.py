@@ -51,7 +51,7 @@ def _available_bytes() -> int:
 
 
 # Bytes per weight at the peak of packing: the random codes (int8, or bf16 bits) plus the packed copy.
-_PEAK_BYTES = {"int4_w4a8": 1.5, "int8_w8a8": 2.0, "fp8_w8a16": 2.0, "bf16": 4.0}
+_PEAK_BYTES = {"int4_w4a8": 1.5, "int8_w8a8": 2.0, "fp8_w8a16": 2.0, "bf16": 4.0, "int4_w4a16": 1.5, "int8_w8a16": 2.0}
 
 
 def check_plan(args) -> None:

@@ -62,13 +62,13 @@ def random_codes(rng, scheme, E, N, K):
             return lambda: api.pack_int4(q4, s, g)
         u4 = rng.integers(0, 16, shape, dtype=np.uint8)
         return lambda: api.pack_int4(u4, s, g, codebook=cb, mins=m)
-    if scheme == "int4_w4a8":
+    if scheme in ("int4_w4a8", "int4_w4a16"):
         g = 128 if K % 128 == 0 else 32
         q, s = rng.integers(-8, 8, shape, dtype=np.int8), rng.random((E, N, K // g), dtype=np.float32) * 0.01
-        return lambda: api.pack_int4(q, s, g)
-    if scheme == "int8_w8a8":
+        return lambda: api.pack_int4(q, s, g, scheme=scheme)
+    if scheme in ("int8_w8a8", "int8_w8a16"):
         q, s = rng.integers(-127, 128, shape, dtype=np.int8), rng.random((E, N), dtype=np.float32) * 0.01
-        return lambda: api.pack_int8(q, s)
+        return lambda: api.pack_int8(q, s, scheme=scheme)
     if scheme == "fp8_w8a16":
         codes = rng.integers(0, 0x7E, shape, dtype=np.uint8) | (rng.integers(0, 2, shape, dtype=np.uint8) << 7)
         s = rng.random((E, -(-N // 128), -(-K // 128)), dtype=np.float32) * 0.01

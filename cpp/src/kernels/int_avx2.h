@@ -157,26 +157,42 @@ struct IntAvx2 {
         const auto step_at = [&](int64_t t) __attribute__((always_inline)) {
           if constexpr (MR == 1)  // decode streams weights from DRAM: each panel ~one panel ahead, into L2
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
-          if constexpr (kA16) {  // as below, each byte vector as even and odd int16 words against code pairs
-            __m256i u[2 * H];
+          if constexpr (kA16) {
+            // Per half, the int16 words w[q] (column lanes holding channels (k, k+2), (k+1, k+3) [, (k+4, k+6),
+            // (k+5, k+7)]) meet the code pair at arow16 + t * step + 2q. Plain int4 codes come straight from
+            // the nibbles (a 16-bit word holds k, k+4, k+1, k+5 from its low bits up); a codebook goes through
+            // code_table bytes first. Halves one at a time: 16 ymm registers.
+            constexpr int kW = kInt4 ? 4 : 2;
+            const auto pair = [&](int r, int q) {
+              int32_t p;
+              std::memcpy(&p, arow16[r] + t * step + 2 * q, 4);
+              return _mm256_set1_epi32(p);
+            };
+            __m256i bc[MR == 1 ? kW : 1];  // decode: the row's pairs, loaded once for every half
+            if constexpr (MR == 1)
+              _Pragma("GCC unroll 4") for (int q = 0; q < kW; ++q) bc[q] = pair(0, q);
             _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
               const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
-              u[h] = kInt4 ? _mm256_and_si256(v, low4) : v;
-              if constexpr (kInt4) u[H + h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-              if constexpr (C == Codes::kTable) u[h] = _mm256_shuffle_epi8(table, u[h]), u[H + h] = _mm256_shuffle_epi8(table, u[H + h]);
-            }
-            constexpr int kVecs = kInt4 ? 2 : 1;  // byte vectors per half: 4 channels each
-            _Pragma("GCC unroll 2") for (int q = 0; q < kVecs; ++q) {
-              __m256i ev[H], od[H];
-              _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h)
-                ev[h] = _mm256_and_si256(u[q * H + h], even), od[h] = _mm256_srli_epi16(u[q * H + h], 8);
+              __m256i w[kW];
+              if constexpr (kInt4 && C == Codes::kPlain) {
+                const __m256i m4 = _mm256_set1_epi16(0x000f);
+                w[0] = _mm256_and_si256(v, m4), w[1] = _mm256_and_si256(_mm256_srli_epi16(v, 8), m4);
+                w[2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), w[3] = _mm256_srli_epi16(v, 12);
+              } else if constexpr (kInt4) {
+                const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low4));
+                const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+                w[0] = _mm256_and_si256(lo, even), w[1] = _mm256_srli_epi16(lo, 8);
+                w[2] = _mm256_and_si256(hi, even), w[3] = _mm256_srli_epi16(hi, 8);
+              } else {
+                w[0] = _mm256_and_si256(v, even), w[1] = _mm256_srli_epi16(v, 8);
+              }
               _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-                int32_t p0, p1;
-                std::memcpy(&p0, arow16[r] + t * step + 4 * q, 4);
-                std::memcpy(&p1, arow16[r] + t * step + 4 * q + 2, 4);
-                const __m256i b0 = _mm256_set1_epi32(p0), b1 = _mm256_set1_epi32(p1);
-                _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h)
-                  acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_add_epi32(_mm256_madd_epi16(ev[h], b0), _mm256_madd_epi16(od[h], b1)));
+                __m256i s = _mm256_madd_epi16(w[0], MR == 1 ? bc[0] : pair(r, 0));
+                const __m256i s1 = _mm256_madd_epi16(w[1], MR == 1 ? bc[kW > 1 ? 1 : 0] : pair(r, 1));
+                if constexpr (kW == 4)
+                  s = _mm256_add_epi32(s, _mm256_madd_epi16(w[2], MR == 1 ? bc[kW - 2] : pair(r, 2))),
+                  acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_add_epi32(s1, _mm256_madd_epi16(w[3], MR == 1 ? bc[kW - 1] : pair(r, 3))));
+                acc[r][h] = _mm256_add_epi32(acc[r][h], kW == 4 ? s : _mm256_add_epi32(s, s1));
               }
             }
           } else if constexpr (D != IntDot::kMaddubs) {  // weights first, then one row's broadcasts at a time

@@ -77,16 +77,17 @@ inline __attribute__((always_inline)) void dpwssd_row(__m512i (&acc)[NJ], const 
   }
 }
 // A16: acc += the unsigned weight bytes u8 (4 channels k..k+3 per column) times codes p[0..4) (a16_pos order:
-// k, k+2, k+1, k+3): the even bytes meet the first pair, the odd bytes the second.
+// k, k+2, k+1, k+3): the even bytes meet the first pair (into acc), the odd bytes the second (into odd, which
+// may be acc itself: decode keeps two chains per panel, as the dot products' latency bounds one).
 template <bool kShare, int MR, int NJ>
-inline __attribute__((always_inline)) void a16_rows(__m512i (&acc)[MR][NJ], const __m512i (&u8)[NJ], const int16_t* const (&arow)[MR],
-                                                    int64_t k) {
+inline __attribute__((always_inline)) void a16_rows(__m512i (&acc)[MR][NJ], __m512i (&odd)[MR][NJ], const __m512i (&u8)[NJ],
+                                                    const int16_t* const (&arow)[MR], int64_t k) {
   __m512i w16[NJ];
   const __m512i even = _mm512_set1_epi16(0xff);
   _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) w16[j] = _mm512_and_si512(u8[j], even);
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) dpwssd_row<kShare>(acc[r], w16, arow[r] + k);
   _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) w16[j] = _mm512_srli_epi16(u8[j], 8);
-  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) dpwssd_row<kShare>(acc[r], w16, arow[r] + k + 2);
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) dpwssd_row<kShare>(odd[r], w16, arow[r] + k + 2);
 }
 
 // acc -= m * (*p broadcast): the mins term, with the code sum read by the FMA's own broadcast.
@@ -196,7 +197,11 @@ struct IntVnni {
         const int64_t s0 = g0 + pi * ps, s1 = pi == NP - 1 ? g1 : s0 + ps, ai = gi * NP + pi;
         // Without stored zeros the implicit zero point's term (zero * group code sum) is the same for
         // every column: it starts the int32 sum, so the group ends with a plain convert.
-        __m512i acc[MR][NJ];
+        __m512i acc[MR][NJ], acc2[MR][NJ];  // acc2: A16 decode's second chain (the odd bytes)
+        constexpr bool kTwo = kA16 && MR == 1;
+        auto& odd = kTwo ? acc2 : acc;
+        if constexpr (kTwo)
+          _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc2[0][j] = _mm512_setzero_si512();
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
           const __m512i start = kOff == Offset::kZeros ? _mm512_setzero_si512() : _mm512_set1_epi32(-zc * asr[r][ai]);
           _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = start;
@@ -213,7 +218,7 @@ struct IntVnni {
               if constexpr (kShuffle) lo[j] = _mm512_shuffle_epi8(table, lo[j]), hi[j] = _mm512_shuffle_epi8(table, hi[j]);
             }
             if constexpr (kA16) {
-              a16_rows<kShare>(acc, lo, arow16, t * 8), a16_rows<kShare>(acc, hi, arow16, t * 8 + 4);
+              a16_rows<kShare>(acc, odd, lo, arow16, t * 8), a16_rows<kShare>(acc, odd, hi, arow16, t * 8 + 4);
             } else {
               _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
                 dpbusd_row<kShare>(acc[r], lo, arow[r] + t * 8), dpbusd_row<kShare>(acc[r], hi, arow[r] + t * 8 + 4);
@@ -221,11 +226,13 @@ struct IntVnni {
           } else {
             __m512i wv[NJ];
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) wv[j] = _mm512_load_si512(panel[j] + t * 64);
-            if constexpr (kA16) a16_rows<kShare>(acc, wv, arow16, t * 4);
+            if constexpr (kA16) a16_rows<kShare>(acc, odd, wv, arow16, t * 4);
             else _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) dpbusd_row<kShare>(acc[r], wv, arow[r] + t * 4);
           }
         };
         group_steps<!kInt4, (MR > 1)>(pf, s0, s1, step_at);
+        if constexpr (kTwo)
+          _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[0][j] = _mm512_add_epi32(acc[0][j], acc2[0][j]);
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
           const int64_t si = sx(j, gi);
           const __m512 sv =

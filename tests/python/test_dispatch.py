@@ -34,10 +34,10 @@ def _packed(scheme):
     return moe_cpu.quantize_experts(w, scheme)
 
 
-# The A16 schemes' kernels so far: AVX-512 VNNI and AVX2 (vpmaddwd) on x86, one AdvSIMD kernel (SMLAL) on
-# every Arm level, the reference elsewhere (no AMX or tile-model A16 kernel yet).
+# The A16 schemes' kernels: AMX (the int8 tiles, two dot products per step), AVX-512 VNNI and AVX2 (vpmaddwd) on
+# x86 (amx_model: the AMX code on the tile model), one AdvSIMD kernel (SMLAL) on every Arm level.
 A16_ISA = {"native": "avx512vnni", "avx512": "avx512vnni", "avx512_novbmi": "avx512vnni", "amx": "avx512vnni",
-           "avx2": "avx2", "avx2vnni": "avx2", "amx_model": "reference", "reference": "reference"}
+           "avx2": "avx2", "avx2vnni": "avx2", "amx_model": "amx_model", "reference": "reference"}
 
 
 @pytest.mark.parametrize("scheme", moe_cpu.A16_SCHEMES)
@@ -45,6 +45,8 @@ def test_a16_level_is_the_path_taken(scheme):
     isa = kernel_isa(_packed(scheme).kernel)
     if platform.machine() in ("aarch64", "arm64"):
         want = "reference" if LEVEL == "reference" else "neon"
+    elif LEVEL in ("native", "amx") and "amx" in DETECTED:
+        want = "amx"
     else:
         want = A16_ISA.get(LEVEL, "reference")
     if want == "avx512vnni" and "avx512_vnni" not in DETECTED:

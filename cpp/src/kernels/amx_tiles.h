@@ -5,7 +5,7 @@
 // run on every x86 host (the `amx_model` ISA level; a test path, not a speed path).
 // A backend offers: configure(cfg) (palette 1, per thread), release(), and per tile number (template
 // arguments, as the instructions encode them) load / store / zero and the dot products dpbsud
-// (int8: signed A bytes x unsigned B bytes, int32 sums) and dpbf16ps (bf16 pairs, fp32 sums).
+// (int8: signed A bytes x unsigned B bytes, int32 sums; dpbuud: both unsigned) and dpbf16ps (bf16 pairs, fp32 sums).
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -69,6 +69,11 @@ struct AmxTiles {
   }
   template <int c, int a, int b> static void dpbsud() {
 #define MOE_OP(x, y, z) _tile_dpbsud(x, y, z)
+    MOE_TILE_DOT(c, a, b, MOE_OP);
+#undef MOE_OP
+  }
+  template <int c, int a, int b> static void dpbuud() {  // A16's low bytes (int16_amx.h)
+#define MOE_OP(x, y, z) _tile_dpbuud(x, y, z)
     MOE_TILE_DOT(c, a, b, MOE_OP);
 #undef MOE_OP
   }
@@ -179,7 +184,7 @@ struct TileModel {
   }
 
   // TDPB[SU][SU]D: tmp.dword[n] += sum over the 4 bytes i of EXTEND(a byte i) * EXTEND(b byte i) (int32,
-  // wrapping), each byte sign- or zero-extended as the name says (the kernels use SU).
+  // wrapping), each byte sign- or zero-extended as the name says (the kernels use SU, and UU for A16).
   template <bool a_signed, bool b_signed>
   static void dpb(const char* insn, int c, int a, int b) {
     each_dot<uint32_t>(insn, c, a, b, [](uint32_t& t, const uint8_t* x, const uint8_t* y) {
@@ -191,6 +196,8 @@ struct TileModel {
   }
   static void dpbsud(int c, int a, int b) { dpb<true, false>("tdpbsud", c, a, b); }
   template <int c, int a, int b> static void dpbsud() { dpbsud(c, a, b); }
+  static void dpbuud(int c, int a, int b) { dpb<false, false>("tdpbuud", c, a, b); }
+  template <int c, int a, int b> static void dpbuud() { dpbuud(c, a, b); }
 
   // make_fp32 of a bf16 input with DAZ (denormal inputs read as zero); outputs flushed likewise.
   static float bf16_daz(const uint8_t* p) {

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-amx_out}")
 SHAPES=${SHAPES:-qwen3-30b-a3b,deepseek-v3}
 MS=${MS:-1,16,128,1024,4096}
-SCHEMES=${SCHEMES:-int8_w8a8,int4_w4a8,bf16,fp8_w8a16}
+SCHEMES=${SCHEMES:-int8_w8a8,int4_w4a8,bf16,fp8_w8a16,int4_w4a16,int8_w8a16}
 mkdir -p "$OUT"
 lscpu > "$OUT/lscpu.txt"
 grep -ow 'amx_[a-z0-9]*' "$OUT/lscpu.txt" | sort -u | tr '\n' ' '; echo "(lscpu AMX flags)"
@@ -30,5 +30,7 @@ step "pytest -m isa at amx, every expert on the tiles -> pytest_amx.txt" bash -c
   python3 -m pytest -q -p no:cacheprovider -m isa python > '$OUT/pytest_amx.txt' 2>&1; tail -n 1 '$OUT/pytest_amx.txt'"
 step "bench -> bench.txt, bench/bench_moe.json" bash -c "python3 -m moe_cpu bench --shapes $SHAPES --m $MS --schemes $SCHEMES \
   --no-peers --kt-peer --amx-crossover --out '$OUT/bench' > '$OUT/bench.txt' 2>&1; grep -E 'machine:|crossover:|kt-kernel' '$OUT/bench.txt'"
+step "A16 against A8 on the same codes (bench/a16_vs_a8.py) -> a16_vs_a8.txt" bash -c "python3 ../bench/a16_vs_a8.py \
+  > '$OUT/a16_vs_a8.txt' 2>&1; tail -n 16 '$OUT/a16_vs_a8.txt'"
 step "skeleton bench, one core -> skeleton.txt" bash -c "OMP_NUM_THREADS=1 ../build/amx/moe_cpu_amx_skeleton 7 > '$OUT/skeleton.txt' 2>&1; \
   cat '$OUT/skeleton.txt'"

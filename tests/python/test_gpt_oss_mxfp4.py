@@ -131,7 +131,8 @@ def test_layer_matches_transformers_block(tmp_path, rng, M):
     # transformers (the W4A8 kernels' per-token int8 activations cost about 1%).
     assert layer.scheme == "int4_w4a16"
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
-    assert rel <= 1e-3, f"relative L2 {rel:.2e} against transformers"
+    print(f"\nM={M}: int4_w4a16 relative L2 against transformers {rel:.2e}")
+    assert rel <= 5e-4, f"relative L2 {rel:.2e} against transformers"
     tw, ids = layer.route(x)
     want_ref = ref.fused_experts_ref(x, ref_of(layer.w13), ref_of(layer.w2), tw, ids, activation="swigluoai",
                                      w13_bias=layer.w13_bias, w2_bias=layer.w2_bias)

@@ -250,7 +250,8 @@ def test_a16_layer_matches_transformers_block(tmp_path, rng, variant):
     layer = moe_cpu.MoELayer.from_pretrained(path, L)
     assert layer.scheme == "int4_w4a16" and "int4_w4a16" in repr(layer)
     rel = np.linalg.norm(layer(x) - oracle) / np.linalg.norm(oracle)
-    assert rel <= 1e-3, f"{variant}: A16 relative L2 {rel:.2e} against transformers"
+    assert rel <= 5e-4, f"{variant}: A16 relative L2 {rel:.2e} against transformers"
     a8 = moe_cpu.MoELayer.from_pretrained(path, L, scheme="int4_w4a8")
     rel8 = np.linalg.norm(a8(x) - oracle) / np.linalg.norm(oracle)
+    print(f"\n{variant}: relative L2 against transformers' block: A16 {rel:.2e}, A8 {rel8:.2e}")
     assert 3 * rel < rel8 <= 3e-2, f"{variant}: A8 relative L2 {rel8:.2e}, A16 {rel:.2e}"

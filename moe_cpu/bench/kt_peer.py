@@ -28,9 +28,11 @@ from .shapes import SHAPES
 from .timing import Routing, timed
 
 # scheme -> kt class. kt quantizes the bf16 weights itself: int8 / int4 with one scale per output row
-# and int8 activations, bf16 as given; moe_cpu gets the same weights at the same granularity.
-KT = {"int8_w8a8": "AMXInt8_MOE", "int4_w4a8": "AMXInt4_MOE", "bf16": "AMXBF16_MOE"}
-OURS = {"int8_w8a8": -1, "int4_w4a8": -1, "bf16": None}   # moe_cpu group_size (-1: per output channel)
+# and int8 activations, bf16 as given; moe_cpu gets the same weights at the same granularity. int4_w4a16: kt's
+# GPTQ int4 class (symmetric GPTQ qweight / scales, group 128, bf16 activations: its W4A16) on the same codes as
+# moe_cpu's int4_w4a16 (GPTQ_CLASS: the class kt itself would pick for this CPU).
+KT = {"int8_w8a8": "AMXInt8_MOE", "int4_w4a8": "AMXInt4_MOE", "bf16": "AMXBF16_MOE", "int4_w4a16": "GPTQ_CLASS"}
+OURS = {"int8_w8a8": -1, "int4_w4a8": -1, "bf16": None, "int4_w4a16": 128}   # moe_cpu group_size (-1: per output row)
 INSTALL = "pip install kt-kernel==0.7.2 --no-deps"
 _ext = []
 
@@ -99,6 +101,58 @@ class KtMoE:
             del self.moe, self.cpu
 
 
+def gptq_class(ext):
+    """kt's GPTQ int4 class for this CPU, as its loader picks it for group 128: AVX-VNNI-256 where the CPU
+    has AVX-VNNI, else AVX2 (None without either)."""
+    vnni = "avx_vnni" in api.cpu_features()["detected"]
+    for name in (("AVXVNNI256GPTQInt4_MOE",) if vnni else ()) + ("AVX2GPTQInt4_MOE",):
+        if hasattr(ext.moe, name):
+            return name
+    return None
+
+
+def gptq_tensors(q, s):
+    """Symmetric GPTQ tensors of codes q int8 [E, N, K] in [-8, 7] and scales s [E, N, G]: per expert qweight int32
+    [K/8, N] (8 nibbles q + 8 along K per word, the lowest first) and float32 scales [G, N]."""
+    E, N, K = q.shape
+    u = (q.astype(np.int32) + 8).astype(np.uint32).reshape(E, N, K // 8, 8)
+    words = np.zeros((E, N, K // 8), np.uint32)
+    for i in range(8):
+        words |= u[..., i] << np.uint32(4 * i)
+    return ([np.ascontiguousarray(words[e].T).view(np.int32) for e in range(E)],
+            [np.ascontiguousarray(s[e].T) for e in range(E)])
+
+
+class KtGptq(KtMoE):
+    """kt's GPTQ int4 class on symmetric codes: gate / up q [E, I, H], down [E, H, I], scales [E, N, G]."""
+
+    def __init__(self, threads, k, gate, up, down, max_m, group=128):
+        ext = load_ext()
+        (qg, sg), (qu, su), (qd, sd) = gate, up, down
+        E, I, H = qg.shape
+        self.k = k
+        self.keep = [gptq_tensors(q, s) for q, s in ((qg, sg), (qu, su), (qd, sd))]
+        with _quiet():
+            self.cpu = ext.CPUInfer(threads)
+            cfg = ext.moe.MOEConfig(E, k, H, I, 0)
+            cfg.max_len = -(-max_m // 32) * 32
+            (gw, gs), (uw, us), (dw, ds) = self.keep
+            cfg.gate_projs, cfg.up_projs, cfg.down_projs = ([[a.ctypes.data for a in t]] for t in (gw, uw, dw))
+            cfg.gate_scales, cfg.up_scales, cfg.down_scales = ([[a.ctypes.data for a in t]] for t in (gs, us, ds))
+            cfg.quant_config.bits, cfg.quant_config.group_size, cfg.quant_config.zero_point = 4, group, False
+            cfg.pool = self.cpu.backend_
+            self.moe = getattr(ext.moe, gptq_class(ext))(cfg)
+            self.experts = np.arange(E, dtype=np.int64)
+            self.cpu.submit(self.moe.load_weights_task(self.experts.ctypes.data))
+            self.cpu.sync()
+
+
+def _gptq_codes(rng, E, N, K, group=128):
+    q = rng.integers(-8, 8, (E, N, K), dtype=np.int8)
+    s = (rng.uniform(0.5, 1.5, (E, N, K // group)) / (4 * np.sqrt(K))).astype(np.float32)
+    return q, s
+
+
 def _probe():
     """Run in a subprocess: each kt class once on a tiny layer, at M = 1 and M = 40 (kt's two GEMM paths)."""
     ext = load_ext()
@@ -109,14 +163,19 @@ def _probe():
     w = [to_bf16_bits(rng.standard_normal(s, dtype=np.float32) * 0.05) for s in ((E, I, H), (E, I, H), (E, H, I))]
     ran = []
     for scheme, name in KT.items():
-        if hasattr(ext.moe, name):
+        if name == "GPTQ_CLASS" and gptq_class(ext):
+            print("KT_TRY", gptq_class(ext), flush=True)
+            kt = KtGptq(1, k, _gptq_codes(rng, E, I, H), _gptq_codes(rng, E, I, H), _gptq_codes(rng, E, H, I), 40)
+        elif hasattr(ext.moe, name):
             print("KT_TRY", name, flush=True)
             kt = KtMoE(name, 1, k, *w, 40)
-            for M in (1, 40):
-                kt(to_bf16_bits(rng.standard_normal((M, H), dtype=np.float32)), np.zeros((M, k), np.int64),
-                   np.ones((M, k), np.float32), np.zeros((M, H), np.uint16))
-            kt.close()
-            ran.append(scheme)
+        else:
+            continue
+        for M in (1, 40):
+            kt(to_bf16_bits(rng.standard_normal((M, H), dtype=np.float32)), np.zeros((M, k), np.int64),
+               np.ones((M, k), np.float32), np.zeros((M, H), np.uint16))
+        kt.close()
+        ran.append(scheme)
     print("KT_OK", json.dumps({"variant": str(getattr(ext, "__cpu_variant__", "?")), "module": module, "ran": ran}))
 
 
@@ -185,7 +244,8 @@ def kt_peer(rng, threads, ms=(1, 128, 1024), schemes=tuple(KT), experts=None, mi
         inputs[M] = (x, tw, calls, numpy_peer(from_bf16_bits(x), w13f, w2f, tw, calls[0]))
     print(f"\nkt-kernel {kv} peer: {info['module']} (kt's pick for this CPU), qwen3-30b-a3b shape with E={E}"
           f"{'' if E == E_model else f' (fewer experts than the model: {E_model})'}; same bf16 weights and routing, "
-          "int8 / int4 one scale per output row on both sides")
+          "int8 / int4 one scale per output row on both sides (int4_w4a16: GPTQ int4 g128 codes, kt's "
+          f"{gptq_class(load_ext()) or 'no GPTQ class'})")
     print(f"ms per call: moe_cpu on {threads} threads; kt CPUInfer(n) = n workers plus kt's dispatcher thread; "
           "kt/ours > 1: moe_cpu faster; relative errors against float32 (ours, kt) and kt against ours")
     head = "".join(f"{'kt CPUInfer(%d)' % n:>16}" for n in pools) + "".join(f"{'kt/ours (%d)' % n:>13}" for n in pools)
@@ -193,10 +253,21 @@ def kt_peer(rng, threads, ms=(1, 128, 1024), schemes=tuple(KT), experts=None, mi
     rows = []
     for scheme in want:
         g = OURS[scheme]
-        p13, p2 = api.quantize_experts(w13f, scheme, g), api.quantize_experts(w2f, scheme, g)
-        kts = {n: KtMoE(KT[scheme], n, k, gate, up, down, max(ms)) for n in pools}
+        if KT[scheme] == "GPTQ_CLASS":   # the same symmetric GPTQ codes on both sides; float32 on their values
+            cg, cu, cd = _gptq_codes(rng, E, I, H, g), _gptq_codes(rng, E, I, H, g), _gptq_codes(rng, E, H, I, g)
+            p13 = api.pack_int4(np.concatenate([cg[0], cu[0]], 1), np.concatenate([cg[1], cu[1]], 1), g, scheme=scheme)
+            p2 = api.pack_int4(cd[0], cd[1], g, scheme=scheme)
+            kts = {n: KtGptq(n, k, cg, cu, cd, max(ms), g) for n in pools}
+            w13d, w2d = p13.unpack(), p2.unpack()
+            kt_class = gptq_class(load_ext())
+        else:
+            p13, p2 = api.quantize_experts(w13f, scheme, g), api.quantize_experts(w2f, scheme, g)
+            kts = {n: KtMoE(KT[scheme], n, k, gate, up, down, max(ms)) for n in pools}
+            kt_class = KT[scheme]
         for M in ms:
             x, tw, calls, ref = inputs[M]
+            if KT[scheme] == "GPTQ_CLASS":
+                ref = numpy_peer(from_bf16_bits(x), w13d, w2d, tw, calls[0])
             out = np.zeros((M, H), np.uint16)
             ours = from_bf16_bits(api.fused_experts(x, p13, p2, tw, calls[0]))
             theirs = from_bf16_bits(kts[pools[0]](x, calls[0], tw, out))
@@ -209,7 +280,7 @@ def kt_peer(rng, threads, ms=(1, 128, 1024), schemes=tuple(KT), experts=None, mi
                     t.append(timed(fn, min_time, 100))
             t_ours, *t_kt = (statistics.median(t) * 1e3 for t in ts)
             r = dict(scheme=scheme, M=M, E=E, kernel=p13.kernel, moe_cpu_ms=t_ours, moe_cpu_threads=threads,
-                     kt_version=kv, kt_module=info["module"], kt_class=KT[scheme],
+                     kt_version=kv, kt_module=info["module"], kt_class=kt_class,
                      **{f"kt_cpuinfer{n}_ms": t for n, t in zip(pools, t_kt)},
                      rel_err_moe_cpu=_rel(ours, ref), rel_err_kt=_rel(theirs, ref), rel_err_kt_vs_moe_cpu=_rel(theirs, ours))
             r["kt_agrees"] = r["rel_err_kt"] < max(2 * r["rel_err_moe_cpu"], 0.02)  # else kt is driven wrongly

@@ -14,6 +14,8 @@ PEAK_INSN = {
     ("w4a8", "avx2"): "maddubs_ymm", ("w8a8", "avx2"): "maddubs_ymm", ("fp8w", "avx2"): "fma_ymm", ("bf16", "avx2"): "fma_ymm",
     ("w4a16", "avx512vnni"): "vpdpwssd_zmm", ("w8a16", "avx512vnni"): "vpdpwssd_zmm",
     ("w4a16", "avx2"): "maddwd_ymm", ("w8a16", "avx2"): "maddwd_ymm",
+    # A16 on AMX: two int8 tile products per 16 x 32 x 64 step, the multiply-add rate of tdpbf16ps
+    ("w4a16", "amx"): "tdpbf16ps_amx", ("w8a16", "amx"): "tdpbf16ps_amx",
     ("w4a8", "amx"): "tdpbssd_amx", ("w8a8", "amx"): "tdpbssd_amx", ("fp8w", "amx"): "tdpbf16ps_amx", ("bf16", "amx"): "tdpbf16ps_amx",
 }
 

@@ -97,7 +97,8 @@ def test_every_simd_kernel_has_a_measurable_peak():
             with pytest.raises(ValueError, match="this CPU lacks"):
                 moe_cpu._core.instruction_peak_tops(p["name"], 1, 0.02)
         need = {"vpdpbusd_zmm": "avx512_vnni", "vdpbf16ps_zmm": "avx512_bf16", "vpdpbusd_ymm": "avx_vnni",
-                "maddubs_ymm": "avx2", "fma_ymm": "avx2", "tdpbssd_amx": "amx", "tdpbf16ps_amx": "amx"}[p["name"]]
+                "maddubs_ymm": "avx2", "fma_ymm": "avx2", "tdpbssd_amx": "amx", "tdpbf16ps_amx": "amx",
+                "vpdpwssd_zmm": "avx512_vnni", "maddwd_ymm": "avx2"}[p["name"]]
         assert p["available"] == (need in detected), p
     with pytest.raises(ValueError, match="unknown peak instruction"):
         moe_cpu._core.instruction_peak_tops("vfoo", 1, 0.01)

@@ -60,10 +60,12 @@ def load_layer(path: Union[PathLike, Sequence[PathLike]], layer_idx: int, scheme
         layer_idx: the decoder layer (0-based); a dense layer raises ValueError.
         scheme: target scheme for UNQUANTIZED weights (F32 / BF16 / F16): one of
             ``moe_cpu.SCHEMES``; None means "bf16" (exact for BF16 checkpoints, rounded to nearest
-            even otherwise). Quantized checkpoints load losslessly in their own scheme
-            (compressed-tensors int4 -> int4_w4a8, int8 -> int8_w8a8, DeepSeek FP8 -> fp8_w8a16,
-            GGUF Q4_0 -> int4_w4a8 g32, Q8_0 -> int8_w8a8 g32); there scheme must be None, the same
-            scheme, or "int8_w8a8" for int4 codes (lossless widening).
+            even otherwise). Quantized checkpoints load losslessly in their own weights, with the
+            activations the file means: weight-only formats (GPTQ, AWQ, compressed-tensors groups
+            without input_activations, MXFP4 safetensors) as int4_w4a16 / int8_w8a16, compressed-tensors
+            W4A8 / W8A8 and GGUF (Q4_0 -> int4_w4a8 g32, Q8_0 -> int8_w8a8 g32, ...) as A8, DeepSeek FP8 as
+            fp8_w8a16. There scheme may be None, the scheme of the same weights with either activations
+            (int4_w4a8 / int4_w4a16), or int8_w8a8 / int8_w8a16 for int4 codes (lossless widening).
         group_size: int4 / int8 group size when quantizing float weights (defaults as in
             ``quantize_experts``: 128 for int4, per channel for int8).
         block_size: fp8 ``(bn, bk)`` when quantizing float weights to fp8_w8a16.

@@ -4,7 +4,8 @@ Supported expert weights:
 - compressed-tensors ``pack-quantized`` (int32 ``weight_packed`` [N, ceil(K/8)], 8 nibbles per int32,
   lowest nibble first, stored = q + 8; ``weight_shape``; ``weight_scale``) and ``int-quantized``
   (int8 ``weight``) with 4-bit (int4_w4a8) or 8-bit (int8_w8a8) symmetric weights, per group,
-  per channel or per tensor (broadcast to per channel);
+  per channel or per tensor (broadcast to per channel); a config group without ``input_activations`` is
+  weight-only and loads as int4_w4a16 / int8_w8a16;
 - DeepSeek-V3 block FP8: float8_e4m3fn ``weight`` + float32 ``weight_scale_inv`` and
   ``quantization_config.weight_block_size`` (fp8_w8a16);
 - unquantized F32 / BF16 / F16, quantized on load to ``scheme`` (bf16 when None: BF16 is exact,
@@ -18,7 +19,8 @@ Naming: ``model.layers.L.mlp.experts.N.{gate,up,down}_proj`` (Qwen, DeepSeek), M
   stored minus one in ``checkpoint_format`` gptq (v1), as they are in gptq_v2; ``desc_act`` act-order)
   and AWQ (``quant_method`` awq, GEMM version: ``qweight`` int32 [K, N/8] and ``qzeros`` [G, N/8]
   packed along N in AWQ's nibble order 0 2 4 6 1 3 5 7, float16 ``scales`` [G, N]): int4 with zero
-  points, losslessly (symmetric int4 when every zero point is 8).
+  points, losslessly (symmetric int4 when every zero point is 8), run as int4_w4a16 (weight-only; so is
+  MXFP4).
 """
 from __future__ import annotations
 

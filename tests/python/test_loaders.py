@@ -137,12 +137,13 @@ def test_compressed_tensors_int4(tmp_path, rng, fmt, g):
 
 
 @pytest.mark.isa
-@pytest.mark.parametrize("weight_only", [False, True])
+@pytest.mark.parametrize("acts", ["dynamic", "none", "static"])
 @pytest.mark.parametrize("strategy", ["channel", "tensor"])
-def test_compressed_tensors_int8_mixtral_odd_I(tmp_path, rng, strategy, weight_only):
+def test_compressed_tensors_int8_mixtral_odd_I(tmp_path, rng, strategy, acts):
     """W8A8 per channel (or one scale per tensor, broadcast), Mixtral naming
     (block_sparse_moe.experts.N.w1/w3/w2), odd I. Without input_activations (W8A16, weight-only) the layer
-    loads as int8_w8a16; scheme= still picks either."""
+    loads as int8_w8a16; scheme= still picks either. Static activation scales stay refused."""
+    weight_only = acts == "none"
     E, H, I = 8, 64, 45
     tensors, q_all, s_all = {}, {}, {}
     for layer in range(LAYERS):
@@ -165,7 +166,14 @@ def test_compressed_tensors_int8_mixtral_odd_I(tmp_path, rng, strategy, weight_o
     cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = strategy
     if weight_only:
         del cfg["quantization_config"]["config_groups"]["group_0"]["input_activations"]
+    if acts == "static":
+        cfg["quantization_config"]["config_groups"]["group_0"]["input_activations"].update(dynamic=False, strategy="tensor")
     path = save_hf(tmp_path / "mix", cfg, tensors)
+    if acts == "static":
+        for scheme in (None, "int8_w8a16"):
+            with pytest.raises(ValueError, match="input_activations must be dynamic per-token 8-bit"):
+                load_layer(path, L, scheme=scheme)
+        return
     lw = load_layer(path, L)
     scheme = "int8_w8a16" if weight_only else "int8_w8a8"
     get = lambda d, w: np.stack([d[L, e, w] for e in range(E)])  # noqa: E731

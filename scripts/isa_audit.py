@@ -58,7 +58,7 @@ def isa_scoped(sym, words):
     if not m:
         return False
     rest = sym[m.end():]
-    rest = re.sub(r"^Z?N[rVKRO]*", "", rest)  # local entity (Z), nested name (N) and its qualifiers
+    rest = re.sub(r"^Z*N[rVKRO]*", "", rest)  # local entities (Z, nested: a lambda in a lambda), nested name (N) and its qualifiers
     return any(rest.startswith("7moe_cpu7kernels%d%s" % (len(w), w)) for w in words)
 
 

@@ -17,6 +17,15 @@ inline float region_sum(float x) {
   const Config c = make_config(x);
   return dot16(c.v, v.data());
 }
+// A lambda in a lambda (its symbol nests two local scopes: _ZZZN...): still the region's.
+inline float nested_sum(const float* a) {
+  const auto outer = [&](int i) {
+    const auto inner = [&](int j) { return _mm512_reduce_add_ps(_mm512_loadu_ps(a + 16 * (i + j))); };
+    return inner(0) + inner(1);
+  };
+  return outer(0);
+}
 MOE_ISA_END
 
 float call_region(float x) { return moe_cpu::kernels::region_sum(x); }
+float call_nested(const float* a) { return moe_cpu::kernels::nested_sum(a); }

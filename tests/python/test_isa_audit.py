@@ -63,6 +63,8 @@ def test_the_same_code_in_an_isa_region_passes(tmp_path, opt):
     # the region's code is AVX-512 and lives in the word's namespace; the vector growth it calls is portable
     nm = subprocess.run(["nm", "-C", region], capture_output=True, text=True, check=True).stdout
     assert "moe_cpu::kernels::avx512vnni::region_sum(float)" in nm or opt == "-O2"
+    inner = "moe_cpu::kernels::avx512vnni::nested_sum(float const*)::{lambda(int)#1}::operator()(int) const::{lambda(int)#1}"
+    assert inner in nm or opt == "-O2"   # the nested lambda is an external symbol at -O0, and passes
     dis = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", region], capture_output=True, text=True,
                          check=True).stdout
     assert "zmm" in dis

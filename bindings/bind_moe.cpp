@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "array_checks.h"
+#include "fused_call.h"
 #include "moe_cpu/fused_moe.h"
 
 namespace py = pybind11;
@@ -14,8 +15,6 @@ using namespace moe_cpu;
 using namespace moe_cpu::py_checks;
 
 namespace {
-
-using Ptr = std::shared_ptr<PackedExperts>;
 
 Ptr packed_arg(py::handle h, const char* name) {
   if (!py::isinstance<PackedExperts>(h))
@@ -48,10 +47,9 @@ py::array output_arg(py::handle out_h, bool inplace, const py::array& x, DType d
 
 }  // namespace
 
-void bind_moe(py::module_& m) {
-  m.def("fused_experts", [](py::handle x_h, py::handle w13_h, py::handle w2_h, py::handle tw_h, py::handle ti_h,
-                            const std::string& activation, bool on_input, py::handle b13_h, py::handle b2_h,
-                            py::handle map_h, py::handle out_h, bool inplace) {
+FusedCall moe_cpu::prepare_fused(py::handle x_h, py::handle w13_h, py::handle w2_h, py::handle tw_h, py::handle ti_h,
+                        const std::string& activation, bool on_input, py::handle b13_h, py::handle b2_h,
+                        py::handle map_h, py::handle out_h, bool inplace) {
     FusedMoeArgs a;
     auto x = hidden_arg(x_h, "hidden_states", &a.dtype);
     Ptr w13 = packed_arg(w13_h, "w13"), w2 = packed_arg(w2_h, "w2");
@@ -91,11 +89,19 @@ void bind_moe(py::module_& m) {
     a.topk_weights = static_cast<const float*>(tw.data());
     a.topk_ids = ti.data(), a.ids_int64 = has_type(ti, ElemType::kI64);
     a.out = out.mutable_data();
+    return FusedCall{a, w13, w2, py::make_tuple(x, tw, ti, b13, b2, map), out};
+}
+
+void bind_moe(py::module_& m) {
+  m.def("fused_experts", [](py::handle x_h, py::handle w13_h, py::handle w2_h, py::handle tw_h, py::handle ti_h,
+                            const std::string& activation, bool on_input, py::handle b13_h, py::handle b2_h,
+                            py::handle map_h, py::handle out_h, bool inplace) {
+    FusedCall c = prepare_fused(x_h, w13_h, w2_h, tw_h, ti_h, activation, on_input, b13_h, b2_h, map_h, out_h, inplace);
     {
       py::gil_scoped_release nogil;
-      fused_experts(a);
+      fused_experts(c.args);
     }
-    return out;
+    return c.out;
   }, py::arg("hidden_states"), py::arg("w13"), py::arg("w2"), py::arg("topk_weights"), py::arg("topk_ids"),
      py::arg("activation"), py::arg("apply_router_weight_on_input"), py::arg("w13_bias"), py::arg("w2_bias"),
      py::arg("expert_map"), py::arg("out"), py::arg("inplace"));

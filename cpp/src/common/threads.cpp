@@ -21,7 +21,10 @@ int default_threads() {
 #endif
 }
 std::atomic<int> g_threads{0};
+thread_local int t_threads = 0;  // a Stream worker's own team size
 }  // namespace
+
+void set_thread_num_threads(int n) { t_threads = n; }
 
 int max_num_threads() {
 #ifdef _OPENMP
@@ -40,6 +43,7 @@ void set_num_threads(int64_t n) {
   g_threads = int(n);
 }
 int get_num_threads() {
+  if (t_threads > 0) return t_threads;
   int n = g_threads.load();
   return n > 0 ? n : default_threads();
 }

@@ -368,6 +368,11 @@ void set_scratch_limit(int64_t bytes) {
 }
 int64_t get_scratch_limit() { return g_scratch_bytes.load(); }
 
+void check_fused_experts(const FusedMoeArgs& a) {
+  check_args(a);
+  if (a.M > 0) local_ids(a, a.w13->num_experts);
+}
+
 void fused_experts(const FusedMoeArgs& a) {
   check_args(a);
   if (a.M == 0) return;

@@ -1,0 +1,65 @@
+// stream.h — an asynchronous worker for the CPU half of a hybrid server (issue 34): tasks submitted to a
+// Stream run on its own thread (and its own team of num_threads compute threads), in submission order, while
+// the caller goes on. Between tasks the worker spins for a bounded time, then sleeps on a condition variable.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace moe_cpu {
+
+// One submitted task: its work, and what wait() reads once the worker has run it.
+class StreamTask {
+ public:
+  explicit StreamTask(std::function<void()> work) : work_(std::move(work)) {}
+  bool done() const;
+  // Blocks until the task has run, or for at most timeout_s seconds (< 0: no limit). Returns whether it ran;
+  // rethrows the task's exception (every time it is waited on).
+  bool wait(double timeout_s) const;
+
+ private:
+  friend class Stream;
+  void run();
+  std::function<void()> work_;
+  std::exception_ptr err_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+};
+
+class Stream {
+ public:
+  // num_threads: the compute team of each task (ValueError outside [1, max_num_threads()]); spin_us: how
+  // long the idle worker polls for the next task before it sleeps (0: sleep at once).
+  Stream(int64_t num_threads, int64_t spin_us);
+  ~Stream();  // close()
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  // Queues a task (ValueError after close()).
+  void submit(std::shared_ptr<StreamTask> t);
+  // Waits for every task submitted so far.
+  void sync();
+  // Runs what is queued, then ends the worker. Later submit() raises; done tasks stay readable.
+  void close();
+  bool closed() const;
+  int64_t num_threads() const { return threads_; }
+  int64_t spin_us() const { return spin_us_; }
+
+ private:
+  void loop();
+  const int64_t threads_, spin_us_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::shared_ptr<StreamTask>> queue_;
+  bool closing_ = false, busy_ = false, sleeping_ = false;
+  uint64_t submitted_ = 0, finished_ = 0;
+  std::thread worker_;
+};
+
+}  // namespace moe_cpu

@@ -1,0 +1,143 @@
+"""Asynchronous fused experts: ``Stream`` runs ``fused_experts`` calls on its own worker thread (and its own team
+of compute threads) in submission order while the caller goes on, the CPU half of a hybrid GPU server
+(docs/hybrid.md).
+
+    with moe_cpu.Stream() as s:
+        h = s.submit(x, w13, w2, topk_weights, topk_ids)   # returns at once; argument errors raise here
+        ...                                                # the GPU part of the step
+        y = h.wait()                                       # the output; a run-time error raises here
+
+A task holds every array and PackedExperts it reads or writes until it has run: ``del x`` after ``submit`` is
+safe. Between tasks the worker polls for ``spin_us`` microseconds, then sleeps.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import threading
+import weakref
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from . import _core
+from ._dlpack import accepts_dlpack
+from .api import _act_name, _bf16_bits, _int_arg, _wrap_out
+
+__all__ = ["Stream", "PendingExperts", "DEFAULT_SPIN_US"]
+
+# How long an idle worker polls before it sleeps: a decode step's GPU part (attention of one layer) takes
+# 50-500 us, so the next submit usually comes within it; past that, sleeping costs one futex wake-up (~10 us).
+DEFAULT_SPIN_US = 200
+
+_LIVE: "weakref.WeakSet[Stream]" = weakref.WeakSet()
+
+
+class PendingExperts:
+    """The handle ``Stream.submit`` returns: ``wait(timeout=None)`` gives the output, ``done()`` says whether
+    the task has run."""
+
+    def __init__(self, task: Any, hidden_states: Any, out: Any, inplace: bool):
+        self._task, self._x, self._out, self._inplace = task, hidden_states, out, inplace
+        self._dlpack_caller: Optional[Callable[[Any], Any]] = None   # set by accepts_dlpack for foreign callers
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """The output ``[M, H]`` (``out`` or ``hidden_states`` with ``inplace``), once the task has run. Raises the
+        task's error (the same type and message as the blocking call) on every wait, or ``TimeoutError`` when
+        ``timeout`` seconds pass first (the task still runs)."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+        res = self._task.wait(-1.0 if timeout is None else float(timeout))
+        if res is None:
+            raise TimeoutError(f"the task has not run within {timeout} s (it is still queued or running)")
+        if self._out is not None:
+            res = self._out
+        elif self._inplace:
+            res = self._x
+        else:
+            res = _wrap_out(res, self._x)
+        return self._dlpack_caller(res) if self._dlpack_caller else res
+
+
+class Stream:
+    """A worker thread with its own compute team that runs submitted ``fused_experts`` calls in order.
+
+    Args:
+        num_threads: the team of each task (default: ``moe_cpu.get_num_threads()``). Streams and blocking
+            calls run at once, each with its own threads: the counts add up (see docs/hybrid.md).
+        spin_us: microseconds the idle worker polls for the next task before it sleeps (0: sleep at once).
+    """
+
+    def __init__(self, num_threads: Optional[int] = None, *, spin_us: int = DEFAULT_SPIN_US):
+        n = _core.get_num_threads() if num_threads is None else _int_arg(num_threads, "num_threads")
+        self._core = _core.Stream(n, _int_arg(spin_us, "spin_us"))
+        self._pending: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+        _LIVE.add(self)
+
+    @property
+    def num_threads(self) -> int:
+        return self._core.num_threads
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    @accepts_dlpack("hidden_states", "topk_weights", "topk_ids", "w13_bias", "w2_bias", "expert_map", "out",
+                    bf16_from="hidden_states")
+    def submit(self, hidden_states: np.ndarray, w13: Any, w2: Any, topk_weights: np.ndarray, topk_ids: np.ndarray,
+               *, activation: str = "silu", apply_router_weight_on_input: bool = False,
+               w13_bias: Optional[np.ndarray] = None, w2_bias: Optional[np.ndarray] = None,
+               expert_map: Optional[np.ndarray] = None, out: Optional[np.ndarray] = None,
+               inplace: bool = False) -> PendingExperts:
+        """Queue ``fused_experts`` with exactly its arguments; returns at once with a :class:`PendingExperts`.
+        Every argument check of ``fused_experts`` raises here, and then nothing is queued."""
+        task = self._core.submit_fused(_bf16_bits(hidden_states), w13, w2, topk_weights, topk_ids,
+                                       _act_name(activation), bool(apply_router_weight_on_input), w13_bias, w2_bias,
+                                       expert_map, _bf16_bits(out), bool(inplace))
+        p = PendingExperts(task, hidden_states, out, bool(inplace))
+        with self._lock:   # held until the task has run (the worker reads its arrays)
+            while self._pending and self._pending[0].done():
+                self._pending.popleft()
+            self._pending.append(p)
+        return p
+
+    def sync(self) -> None:
+        """Wait for every task submitted so far (their errors stay with their handles)."""
+        self._core.sync()
+        self._prune()
+
+    def close(self) -> None:
+        """Run what is queued, then end the worker; later ``submit`` raises ValueError. Idempotent."""
+        self._core.close()
+        self._prune()
+
+    def _prune(self) -> None:
+        with self._lock:
+            while self._pending and self._pending[0].done():
+                self._pending.popleft()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        core = getattr(self, "_core", None)
+        if core is not None:
+            core.close()
+
+    def __repr__(self) -> str:
+        return (f"Stream(num_threads={self.num_threads}, spin_us={self._core.spin_us}, "
+                f"{'closed' if self.closed else 'open'}, {len(self._pending)} held)")
+
+
+@atexit.register
+def _close_streams() -> None:
+    """Interpreter exit with tasks in flight: each stream runs what it has queued, then ends."""
+    for s in list(_LIVE):
+        s.close()

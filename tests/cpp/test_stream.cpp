@@ -1,0 +1,109 @@
+// test_stream.cpp — the Stream worker: order, errors, timeouts, close with queued work, many submitters
+// (run under ASan / UBSan with the rest of the suite).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "moe_cpu/errors.h"
+#include "moe_cpu/stream.h"
+#include "moe_cpu/threads.h"
+
+namespace moe_cpu {
+namespace {
+
+std::shared_ptr<StreamTask> task(std::function<void()> f) { return std::make_shared<StreamTask>(std::move(f)); }
+
+TEST(Stream, RunsTasksInSubmissionOrderOnItsOwnTeam) {
+  Stream s(3, 50);
+  std::vector<int> order;
+  std::vector<std::shared_ptr<StreamTask>> ts;
+  int team = 0;
+  for (int i = 0; i < 100; ++i) ts.push_back(task([&order, i] { order.push_back(i); }));
+  ts.push_back(task([&team] { team = get_num_threads(); }));
+  for (auto& t : ts) s.submit(t);
+  s.sync();
+  for (auto& t : ts) EXPECT_TRUE(t->done());
+  ASSERT_EQ(order.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(order[size_t(i)], i);
+  EXPECT_EQ(team, 3);
+  EXPECT_NE(get_num_threads(), 0);  // the caller's own setting is untouched
+}
+
+TEST(Stream, ErrorsRethrowOnEveryWaitAndLaterTasksRun) {
+  Stream s(1, 0);
+  auto bad = task([] { throw ValueError("bias is not finite"); });
+  std::atomic<bool> ran{false};
+  auto good = task([&] { ran = true; });
+  s.submit(bad), s.submit(good);
+  for (int i = 0; i < 2; ++i) {
+    try {
+      bad->wait(-1);
+      FAIL() << "no exception";
+    } catch (const ValueError& e) {
+      EXPECT_STREQ(e.what(), "bias is not finite");
+    }
+  }
+  EXPECT_TRUE(good->wait(-1));
+  EXPECT_TRUE(ran);
+}
+
+TEST(Stream, WaitTimesOutAndTheTaskStillCompletes) {
+  Stream s(1, 0);
+  std::atomic<bool> go{false};
+  auto t = task([&] { while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
+  s.submit(t);
+  EXPECT_FALSE(t->wait(0.01));
+  EXPECT_FALSE(t->done());
+  go = true;
+  EXPECT_TRUE(t->wait(-1));
+}
+
+TEST(Stream, CloseRunsWhatIsQueuedAndRefusesMore) {
+  std::atomic<int> n{0};
+  std::vector<std::shared_ptr<StreamTask>> ts;
+  {
+    Stream s(1, 0);
+    for (int i = 0; i < 20; ++i) ts.push_back(task([&] {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      ++n;
+    })), s.submit(ts.back());
+    s.close();
+    EXPECT_TRUE(s.closed());
+    EXPECT_THROW(s.submit(task([] {})), ValueError);
+    s.close();  // idempotent
+  }
+  EXPECT_EQ(n.load(), 20);
+  {
+    Stream s(1, 100);  // destroyed with work queued: the destructor runs it
+    for (int i = 0; i < 5; ++i) s.submit(task([&] { ++n; }));
+  }
+  EXPECT_EQ(n.load(), 25);
+  EXPECT_THROW(Stream(0, 0), ValueError);
+  EXPECT_THROW(Stream(1, -1), ValueError);
+}
+
+TEST(Stream, ManySubmittersOneWorker) {
+  Stream s(1, 20);
+  std::atomic<int> n{0};
+  std::vector<std::thread> th;
+  std::vector<std::shared_ptr<StreamTask>> all[4];
+  for (int j = 0; j < 4; ++j)
+    th.emplace_back([&, j] {
+      for (int i = 0; i < 200; ++i) {
+        all[j].push_back(task([&] { n.fetch_add(1, std::memory_order_relaxed); }));
+        s.submit(all[j].back());
+        if (i % 50 == 0) all[j].back()->wait(-1);
+      }
+    });
+  for (auto& t : th) t.join();
+  s.sync();
+  EXPECT_EQ(n.load(), 800);
+  for (auto& v : all)
+    for (auto& t : v) EXPECT_TRUE(t->done());
+}
+
+}  // namespace
+}  // namespace moe_cpu

@@ -26,6 +26,12 @@ echo "== C++ tests (ASan + UBSan)"
 cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOE_CPU_SANITIZE=ON -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null
 cmake --build build/asan -j "$JOBS"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build/asan --output-on-failure -j "$JOBS" | tail -n 3
+# The Stream's queue and hand-off under ThreadSanitizer (its tests' tasks run no OpenMP region, whose runtime TSan
+# does not see).
+echo "== C++ Stream tests under ThreadSanitizer"
+cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_CPU_TSAN=ON -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null
+cmake --build build/tsan -j "$JOBS" --target moe_cpu_tests | tail -n 1
+TSAN_OPTIONS=halt_on_error=1 build/tsan/moe_cpu_tests --gtest_filter='Stream*' --gtest_brief=1 | tail -n 3
 echo "== C++ tests, AArch64 cross build under qemu-aarch64 -cpu max, once per forced ISA level"
 cmake -S . -B build/arm -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
   -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null

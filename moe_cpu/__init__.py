@@ -4,8 +4,8 @@ from .api import __all__ as _api_all
 from .vllm_compat import *  # noqa: F401,F403
 from .vllm_compat import __all__ as _compat_all
 from .layer import MoELayer
-from .stream import PendingExperts, Stream
+from .stream import Capture, PendingExperts, Stream
 
 __version__ = "0.1.0"
 __all__ = list(_api_all) + list(_compat_all)
-__all__ += ["MoELayer", "Stream", "PendingExperts"]
+__all__ += ["MoELayer", "Stream", "PendingExperts", "Capture"]

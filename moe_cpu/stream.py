@@ -24,7 +24,7 @@ from . import _core
 from ._dlpack import accepts_dlpack
 from .api import _act_name, _bf16_bits, _int_arg, _wrap_out
 
-__all__ = ["Stream", "PendingExperts", "DEFAULT_SPIN_US"]
+__all__ = ["Stream", "PendingExperts", "Capture", "DEFAULT_SPIN_US"]
 
 # How long an idle worker polls before it sleeps: a decode step's GPU part (attention of one layer) takes
 # 50-500 us, so the next submit usually comes within it; past that, sleeping costs one futex wake-up (~10 us).
@@ -60,6 +60,44 @@ class PendingExperts:
         else:
             res = _wrap_out(res, self._x)
         return self._dlpack_caller(res) if self._dlpack_caller else res
+
+
+class Capture:
+    """A ``fused_experts`` call captured on fixed buffers (``Stream.capture``), for hosts that replay a CUDA graph:
+    ``host_submit`` and ``host_wait`` are the integer addresses of two C functions ``void fn(void*)`` and
+    ``context`` their argument (``cudaLaunchHostFunc(stream, host_submit, context)``). Called from any OS thread,
+    without Python, ``host_submit`` queues one run of the call on whatever the buffers hold at that moment and
+    ``host_wait`` waits for it. They cannot raise: a replay's error is kept for ``last_error()`` ("" if none).
+    The capture must outlive its use: ``free()`` (or dropping it) waits for the last replay, and a context called
+    after that is refused with a message on stderr, never run."""
+
+    def __init__(self, core: Any):
+        self._core = core
+
+    context = property(lambda self: self._core.context)
+    host_submit = property(lambda self: self._core.host_submit)
+    host_wait = property(lambda self: self._core.host_wait)
+    out = property(lambda self: self._core.out, doc="The fixed output buffer [M, H].")
+    replays = property(lambda self: self._core.replays, doc="Replays queued so far.")
+
+    def last_error(self) -> str:
+        return self._core.last_error()
+
+    def free(self) -> None:
+        """Wait for the last replay, then forget the context (idempotent)."""
+        core, self._core = self._core, None
+        if core is not None:
+            core.free()
+
+    def __enter__(self) -> "Capture":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.free()
+
+    def __del__(self) -> None:
+        if getattr(self, "_core", None) is not None:
+            self.free()
 
 
 class Stream:
@@ -104,6 +142,21 @@ class Stream:
                 self._pending.popleft()
             self._pending.append(p)
         return p
+
+    def capture(self, hidden_states: np.ndarray, w13: Any, w2: Any, topk_weights: np.ndarray, topk_ids: np.ndarray,
+                *, activation: str = "silu", apply_router_weight_on_input: bool = False,
+                w13_bias: Optional[np.ndarray] = None, w2_bias: Optional[np.ndarray] = None,
+                expert_map: Optional[np.ndarray] = None, out: Optional[np.ndarray] = None) -> Capture:
+        """Capture ``fused_experts`` with these arguments on fixed buffers (C-contiguous and writeable NumPy arrays;
+        ``out`` is allocated when not given: ``Capture.out``) for replays from C (:class:`Capture`). The shapes and
+        dtypes are checked here; the values at each replay (ValueError into ``last_error()``)."""
+        for name, v in (("hidden_states", hidden_states), ("topk_weights", topk_weights), ("topk_ids", topk_ids),
+                        ("out", out)):
+            if v is not None and not isinstance(v, np.ndarray):
+                raise TypeError(f"capture: {name} must be a NumPy array (a fixed buffer), got {type(v).__name__}")
+        return Capture(self._core.capture_fused(_bf16_bits(hidden_states), w13, w2, topk_weights, topk_ids,
+                                                _act_name(activation), bool(apply_router_weight_on_input), w13_bias,
+                                                w2_bias, expert_map, _bf16_bits(out)))
 
     def sync(self) -> None:
         """Wait for every task submitted so far (their errors stay with their handles)."""

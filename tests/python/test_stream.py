@@ -189,3 +189,119 @@ def test_torch_tensors_in_and_out(moe):
         np.testing.assert_array_equal(got.numpy(), moe_cpu.fused_experts(x, w13, w2, tw, ids))
         out = torch.zeros(3, H)
         assert s.submit(torch.from_numpy(x), w13, w2, tw, ids, out=out).wait() is out
+
+
+HARNESS = r"""
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+typedef void (*host_fn)(void*);
+struct job { host_fn submit, wait; void* ctx; float* x; const float* xs; int32_t* ids; const int32_t* idss;
+             const float* out; float* outs; long n, xn, idn, on; };
+static void* run(void* p) {
+  struct job* j = (struct job*)p;
+  for (long i = 0; i < j->n; ++i) {   /* what a graph replay does: new inputs in the fixed buffers, then the pair */
+    memcpy(j->x, j->xs + i * j->xn, (size_t)j->xn * 4);
+    memcpy(j->ids, j->idss + i * j->idn, (size_t)j->idn * 4);
+    j->submit(j->ctx);
+    j->wait(j->ctx);
+    memcpy(j->outs + i * j->on, j->out, (size_t)j->on * 4);
+  }
+  return 0;
+}
+int replay(host_fn s, host_fn w, void* ctx, float* x, const float* xs, int32_t* ids, const int32_t* idss,
+           const float* out, float* outs, long n, long xn, long idn, long on) {
+  struct job j = {s, w, ctx, x, xs, ids, idss, out, outs, n, xn, idn, on};
+  pthread_t t;
+  if (pthread_create(&t, 0, run, &j)) return 1;
+  return pthread_join(t, 0);
+}
+void call(host_fn f, void* ctx) { f(ctx); }
+"""
+
+
+def _harness(tmp_path):
+    import ctypes
+    src = tmp_path / "harness.c"
+    src.write_text(HARNESS)
+    lib = tmp_path / "libharness.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-pthread", str(src), "-o", str(lib)], check=True)
+    return ctypes.CDLL(str(lib))
+
+
+def test_capture_replays_from_a_pthread_without_python(tmp_path, moe):
+    """A C thread calls (host_submit, host_wait) 1000 times, changing the fixed buffers between calls (a CUDA graph
+    replay's semantics): every result equals the blocking call on those inputs."""
+    import ctypes
+    w13, w2 = moe
+    lib = _harness(tmp_path)
+    n, M = 1000, 2
+    rng = np.random.default_rng(35)
+    xs = rng.standard_normal((n, M, H)).astype(np.float32)
+    idss = np.stack([np.argsort(rng.random((M, E)), axis=1)[:, :K] for _ in range(n)]).astype(np.int32)
+    x, ids = np.zeros((M, H), np.float32), np.zeros((M, K), np.int32)
+    tw = np.full((M, K), 0.5, np.float32)
+    outs = np.zeros((n, M, H), np.float32)
+    with moe_cpu.Stream() as s:
+        with s.capture(x, w13, w2, tw, ids) as cap:
+            p = ctypes.c_void_p
+            fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+            rc = lib.replay(fn(cap.host_submit), fn(cap.host_wait), p(cap.context), p(x.ctypes.data),
+                            p(xs.ctypes.data), p(ids.ctypes.data), p(idss.ctypes.data), p(cap.out.ctypes.data),
+                            p(outs.ctypes.data), ctypes.c_long(n), ctypes.c_long(M * H), ctypes.c_long(M * K),
+                            ctypes.c_long(M * H))
+            assert rc == 0 and cap.replays == n and cap.last_error() == ""
+    for i in range(0, n, 1):
+        np.testing.assert_array_equal(outs[i], moe_cpu.fused_experts(xs[i], w13, w2, tw, idss[i]), err_msg=f"replay {i}")
+
+
+def test_capture_errors_and_a_freed_context(tmp_path, moe):
+    import ctypes
+    w13, w2 = moe
+    lib = _harness(tmp_path)
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    x, tw, ids = inputs(11, 3)
+    with moe_cpu.Stream() as s:
+        with pytest.raises(ValueError, match="read-only"):
+            ro = x.copy()
+            ro.setflags(write=False)
+            s.capture(ro, w13, w2, tw, ids)
+        with pytest.raises(ValueError, match="contiguous"):
+            s.capture(np.asfortranarray(x), w13, w2, tw, ids)
+        with pytest.raises(TypeError, match="fixed buffer"):
+            s.capture(x.tolist(), w13, w2, tw, ids)
+        cap = s.capture(x, w13, w2, tw, ids)
+        ids[0, 0] = E   # a replay on a bad id: kept for last_error, the next good replay clears it
+        lib.call(fn(cap.host_submit), ctypes.c_void_p(cap.context))
+        lib.call(fn(cap.host_wait), ctypes.c_void_p(cap.context))
+        assert "out of range" in cap.last_error()
+        ids[0, 0] = 0
+        lib.call(fn(cap.host_submit), ctypes.c_void_p(cap.context))
+        lib.call(fn(cap.host_wait), ctypes.c_void_p(cap.context))
+        assert cap.last_error() == ""
+        np.testing.assert_array_equal(cap.out, moe_cpu.fused_experts(x, w13, w2, tw, ids))
+        cap.free()
+        cap.free()
+    # a freed context (and one that never was) is refused with a message on stderr, never run: in a subprocess,
+    # to read its stderr
+    code = textwrap.dedent(f"""
+        import ctypes
+        import numpy as np, moe_cpu
+        lib = ctypes.CDLL({str(tmp_path / "libharness.so")!r})
+        fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+        rng = np.random.default_rng(0)
+        w13 = moe_cpu.quantize_experts(rng.standard_normal((4, 64, 64)).astype(np.float32), "int8_w8a16")
+        w2 = moe_cpu.quantize_experts(rng.standard_normal((4, 64, 32)).astype(np.float32), "int8_w8a16")
+        x, tw, ids = np.ones((2, 64), np.float32), np.ones((2, 1), np.float32), np.zeros((2, 1), np.int32)
+        with moe_cpu.Stream() as s:
+            cap = s.capture(x, w13, w2, tw, ids)
+            ctx, submit, wait = cap.context, cap.host_submit, cap.host_wait
+            del cap
+            lib.call(fn(submit), ctypes.c_void_p(ctx))
+            lib.call(fn(wait), ctypes.c_void_p(ctx))
+            lib.call(fn(submit), ctypes.c_void_p(12345))
+        print("survived")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and "survived" in r.stdout, r.stderr[-2000:]
+    assert r.stderr.count("is not a live capture (freed?): ignored") == 3, r.stderr

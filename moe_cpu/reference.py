@@ -189,31 +189,25 @@ def quantize_bf16(w):
     return float_to_bf16_bits(w)
 
 
-def quantize_activations_int16(x):
-    """A16's per-row int16 activation quantization: float32 [R,K] -> (q int16 [R,K], s float32 [R]).
-
-    s = amax(row)/32767 (float32), q = clamp(rint(x/s), -32767, 32767); a row of zeros gets s = 1.
-    """
+def _quantize_activations(x, qmax, dtype):
+    """Per-row symmetric quantization: s = amax(row)/qmax (float32), q = clamp(rint(x/s), -qmax, qmax) (float32
+    division, half to even). A row of zeros gets s = 1 (and q = 0), so nothing divides by zero."""
     x = np.asarray(x, dtype=np.float32)
     amax = np.max(np.abs(x), axis=1) if x.shape[1] else np.zeros(x.shape[0], np.float32)
-    s = amax / np.float32(32767)
+    s = amax / np.float32(qmax)
     s = np.where(amax == 0, np.float32(1), s).astype(np.float32)
-    q = np.clip(np.rint(x / s[:, None]), -32767, 32767).astype(np.int16)
+    q = np.clip(np.rint(x / s[:, None]), -qmax, qmax).astype(dtype)
     return q, s
+
+
+def quantize_activations_int16(x):
+    """A16's per-row int16 activation quantization: float32 [R,K] -> (q int16 [R,K], s float32 [R]), qmax 32767."""
+    return _quantize_activations(x, 32767, np.int16)
 
 
 def quantize_activations_int8(x):
-    """Per-row int8 activation quantization: float32 [R,K] -> (q int8 [R,K], s float32 [R]).
-
-    s = amax(row)/127 (float32), q = clamp(rint(x/s), -127, 127) (float32 division, half to even).
-    A row of zeros gets s = 1 (and q = 0), so nothing divides by zero.
-    """
-    x = np.asarray(x, dtype=np.float32)
-    amax = np.max(np.abs(x), axis=1) if x.shape[1] else np.zeros(x.shape[0], np.float32)
-    s = amax / np.float32(127)
-    s = np.where(amax == 0, np.float32(1), s).astype(np.float32)
-    q = np.clip(np.rint(x / s[:, None]), -127, 127).astype(np.int8)
-    return q, s
+    """Per-row int8 activation quantization: float32 [R,K] -> (q int8 [R,K], s float32 [R]), qmax 127."""
+    return _quantize_activations(x, 127, np.int8)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -137,10 +137,7 @@ class Stream:
                                        _act_name(activation), bool(apply_router_weight_on_input), w13_bias, w2_bias,
                                        expert_map, _bf16_bits(out), bool(inplace))
         p = PendingExperts(task, hidden_states, out, bool(inplace))
-        with self._lock:   # held until the task has run (the worker reads its arrays)
-            while self._pending and self._pending[0].done():
-                self._pending.popleft()
-            self._pending.append(p)
+        self._prune(p)   # held until the task has run (the worker reads its arrays)
         return p
 
     def capture(self, hidden_states: np.ndarray, w13: Any, w2: Any, topk_weights: np.ndarray, topk_ids: np.ndarray,
@@ -168,10 +165,13 @@ class Stream:
         self._core.close()
         self._prune()
 
-    def _prune(self) -> None:
+    def _prune(self, add: Optional[PendingExperts] = None) -> None:
+        """Drop the finished tasks at the front of the pending queue (then append `add`)."""
         with self._lock:
             while self._pending and self._pending[0].done():
                 self._pending.popleft()
+            if add is not None:
+                self._pending.append(add)
 
     def __enter__(self) -> "Stream":
         return self

@@ -54,13 +54,7 @@ void int16_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
   T::configure(tile_config(ka));
   for (int64_t b = b0; b < b1; b += 2) {
     const int64_t nj = std::min<int64_t>(2, b1 - b);
-    if constexpr (kInt4 && T::kSimdPanels) amx::widen_int4_avx512(w, e, b, nj, Kt, Bw);
-    else if constexpr (kInt4) widen_int4(w, e, b, nj, Kt, Bw);
-    const PanelSteps panel(w, e, b, kInt4 ? 0 : nj, brow, tail);
-    const auto bsrc = [&](int64_t j, int64_t s) -> const uint8_t* {
-      if constexpr (kInt4) return Bw + j * Kt * 16 + s * brow;
-      else return panel(j, s);
-    };
+    const PairB<T, kInt4> bsrc(w, e, b, nj, Kt, brow, Bw, tail);
     pt.fill(w, e, b, nj, G);
     for (int64_t r0 = 0; r0 < R; r0 += 16) {
       const int64_t rr = std::min<int64_t>(16, R - r0);

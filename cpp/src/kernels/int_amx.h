@@ -59,6 +59,25 @@ inline void int_mins_row(const PackedExperts& w, int64_t e, int64_t b, int64_t n
     }
 }
 
+// The B tiles of column pair [b, b + nj) at k-step s, bsrc(j, s): int4 codes widened once (through code_table)
+// into Bw [2][Kt / 4][64], int8 panel rows read in place (the last partial step from `tail`). Shared with
+// int16_amx.h.
+template <class T, bool kInt4>
+struct PairB {
+  const uint8_t* Bw;
+  int64_t Kt, brow;
+  PanelSteps panel;
+  PairB(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, int64_t Kt_, int64_t brow_, uint8_t* Bw_, uint8_t* tail)
+      : Bw(Bw_), Kt(Kt_), brow(brow_), panel(w, e, b, kInt4 ? 0 : nj, brow_, tail) {
+    if constexpr (kInt4 && T::kSimdPanels) amx::widen_int4_avx512(w, e, b, nj, Kt_, Bw_);
+    else if constexpr (kInt4) widen_int4(w, e, b, nj, Kt_, Bw_);
+  }
+  const uint8_t* operator()(int64_t j, int64_t s) const {
+    if constexpr (kInt4) return Bw + j * Kt * 16 + s * brow;
+    else return panel(j, s);
+  }
+};
+
 template <class T, bool kInt4>
 void int_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
   const int64_t R = a.rows, G = a.G, gl = w.group_len(), Kp = a.Kp;
@@ -82,13 +101,7 @@ void int_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, con
   T::configure(tile_config(ka));
   for (int64_t b = b0; b < b1; b += 2) {
     const int64_t nj = std::min<int64_t>(2, b1 - b);
-    if constexpr (kInt4 && T::kSimdPanels) amx::widen_int4_avx512(w, e, b, nj, Kt, Bw);
-    else if constexpr (kInt4) widen_int4(w, e, b, nj, Kt, Bw);
-    const PanelSteps panel(w, e, b, kInt4 ? 0 : nj, brow, tail);
-    const auto bsrc = [&](int64_t j, int64_t s) -> const uint8_t* {
-      if constexpr (kInt4) return Bw + j * Kt * 16 + s * brow;
-      else return panel(j, s);
-    };
+    const PairB<T, kInt4> bsrc(w, e, b, nj, Kt, brow, Bw, tail);
     pt.fill(w, e, b, nj, G);
     const auto group = [&](int64_t gi, int64_t r0, int64_t rr) {
       if (gi == 0) std::fill(acc, acc + 32 * 32, 0.f);

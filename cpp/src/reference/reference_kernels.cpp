@@ -36,7 +36,8 @@ Mat<float> grouped_gemm(const PackedExperts& w, int64_t e, Cols cols, const Mat<
   for (int64_t gi = 0; gi < w.num_groups(); ++gi) {
     const int64_t k0 = gi * gl, len = std::min(gl, K - k0);
     P.noalias() = A.middleCols(k0, len) * W.middleCols(k0, len).transpose();
-    const Eigen::Matrix<T, Eigen::Dynamic, 1> asum = A.middleCols(k0, len).rowwise().sum();  // exact (integers)
+    Eigen::Matrix<T, Eigen::Dynamic, 1> asum;
+    if (w.has_mins) asum = A.middleCols(k0, len).rowwise().sum();  // exact (integers)
     for (int64_t j = 0; j < W.rows(); ++j) {
       const float s = w.scale(e, cols.n0 + j, gi);
       for (int64_t r = 0; r < A.rows(); ++r) acc(r, j) += float(P(r, j)) * s;

@@ -16,20 +16,6 @@ using namespace moe_cpu::py_checks;
 
 namespace {
 
-Ptr packed_arg(py::handle h, const char* name) {
-  if (!py::isinstance<PackedExperts>(h))
-    throw TypeError(msg(name, " must be a moe_cpu.PackedExperts (from pack_* or quantize_experts), got ",
-                        std::string(py::str(py::type::of(h).attr("__name__")))));
-  return h.cast<Ptr>();
-}
-
-// Hidden states [M,H] float32 or bf16 bits.
-py::array hidden_arg(py::handle h, const char* name, DType* dt) {
-  auto x = array_arg(h, name, {ElemType::kF32, ElemType::kU16}, 2);
-  *dt = has_type(x, ElemType::kF32) ? DType::kF32 : DType::kBf16;
-  return x;
-}
-
 // The output array: `out` if given (checked), x itself if inplace, else a new array like x.
 py::array output_arg(py::handle out_h, bool inplace, const py::array& x, DType dt, const char* xname) {
   if (inplace && !out_h.is_none())
@@ -46,6 +32,20 @@ py::array output_arg(py::handle out_h, bool inplace, const py::array& x, DType d
 }
 
 }  // namespace
+
+Ptr moe_cpu::packed_arg(py::handle h, const char* name) {
+  if (!py::isinstance<PackedExperts>(h))
+    throw TypeError(msg(name, " must be a moe_cpu.PackedExperts (from pack_* or quantize_experts), got ",
+                        std::string(py::str(py::type::of(h).attr("__name__")))));
+  return h.cast<Ptr>();
+}
+
+// Hidden states [M,H] float32 or bf16 bits.
+py::array moe_cpu::hidden_arg(py::handle h, const char* name, DType* dt) {
+  auto x = array_arg(h, name, {ElemType::kF32, ElemType::kU16}, 2);
+  *dt = has_type(x, ElemType::kF32) ? DType::kF32 : DType::kBf16;
+  return x;
+}
 
 FusedCall moe_cpu::prepare_fused(py::handle x_h, py::handle w13_h, py::handle w2_h, py::handle tw_h, py::handle ti_h,
                         const std::string& activation, bool on_input, py::handle b13_h, py::handle b2_h,

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "fused_call.h"
+#include "layer_call.h"
 #include "moe_cpu/errors.h"
 #include "moe_cpu/stream.h"
 
@@ -147,6 +148,17 @@ void bind_stream(py::module_& m) {
         auto task = std::make_shared<StreamTask>([a, w13, w2] { fused_experts(a); });
         s.submit(task);
         return PyTask{task, c.arrays, c.out};
+      })
+      .def("submit_layer", [](Stream& s, py::handle plan_h, py::handle x_h) {
+        if (s.closed()) throw ValueError("this Stream is closed: submit to an open one");
+        const LayerPlan& p = py::cast<const LayerPlan&>(plan_h);
+        LayerCall c = prepare_layer(p, x_h);
+        check_moe_layer(c.args);  // argument errors raise here, and nothing is queued
+        const MoeLayerArgs a = c.args;
+        const Ptr w13 = p.w13, w2 = p.w2, s13 = p.s13, s2 = p.s2;
+        auto task = std::make_shared<StreamTask>([a, w13, w2, s13, s2] { moe_layer(a); });
+        s.submit(task);
+        return PyTask{task, py::make_tuple(plan_h, c.x), c.out};  // the plan holds the layer's arrays
       })
       .def("capture_fused", [](std::shared_ptr<Stream> s, py::handle x_h, py::handle w13_h, py::handle w2_h,
                                py::handle tw_h, py::handle ti_h, const std::string& activation, bool on_input,

@@ -20,6 +20,11 @@ struct FusedCall {
   pybind11::array out;
 };
 
+// A PackedExperts argument (TypeError naming `name` if it is not one).
+Ptr packed_arg(pybind11::handle h, const char* name);
+// Hidden states [M, H], float32 or bf16 bits (TypeError / ValueError); *dt gets their dtype.
+pybind11::array hidden_arg(pybind11::handle h, const char* name, DType* dt);
+
 // Checks the arguments as fused_experts does (TypeError / ValueError) and builds the call.
 FusedCall prepare_fused(pybind11::handle x, pybind11::handle w13, pybind11::handle w2, pybind11::handle tw,
                         pybind11::handle ti, const std::string& activation, bool on_input, pybind11::handle b13,

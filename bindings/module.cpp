@@ -14,6 +14,7 @@ void bind_routing(py::module_& m);
 void bind_bench(py::module_& m);
 void bind_dlpack(py::module_& m);
 void bind_stream(py::module_& m);
+void bind_layer(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "moe_cpu C++ core (use the moe_cpu package, not this module directly)";
@@ -32,6 +33,7 @@ PYBIND11_MODULE(_core, m) {
   bind_bench(m);
   bind_dlpack(m);
   bind_stream(m);
+  bind_layer(m);
   m.def("set_num_threads", &moe_cpu::set_num_threads, py::arg("n"));
   m.def("get_num_threads", &moe_cpu::get_num_threads);
   m.def("set_scratch_limit", &moe_cpu::set_scratch_limit, py::arg("bytes"));

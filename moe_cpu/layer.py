@@ -8,8 +8,9 @@ The layer owns its weights and routing configuration and chains the moe_cpu call
     out    += SiLU-FFN_shared(x)                  (only with a shared expert; Qwen2-MoE multiplies
                                                    it by sigmoid(x @ shared_expert_gate) per token)
 
-``MoELayer.from_float`` quantizes float32 weights; ``layer.reference(x)`` evaluates the same layer in
-float64 NumPy for accuracy checks.
+The whole chain runs in C++ without the GIL (``_core.moe_layer``); ``layer.submit(x, stream)`` queues the same
+call on a ``moe_cpu.Stream``, so it gives the same bits. ``MoELayer.from_float`` quantizes float32 weights;
+``layer.reference(x)`` evaluates the same layer in float64 NumPy for accuracy checks.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from . import api, reference
+from . import _core, api, reference
 from ._core import PackedExperts
 from ._dlpack import accepts_dlpack
 from .router import Router, check_f32, round_like, widen
@@ -154,6 +155,11 @@ class MoELayer:
         if activation not in api.ACTIVATIONS:
             raise ValueError(f"activation = {activation!r} must be one of {api.ACTIVATIONS}")
         self.activation = activation
+        r = self.router   # the C++ plan of __call__ / submit: the layer's weights are fixed from here on
+        self._plan = _core.LayerPlan(r.gate, r.gate_bias, r.top_k, r.renormalize, r.scoring_func, r.use_grouped_topk,
+                                     r.num_expert_group or 0, r.topk_group or 0, r.e_score_correction_bias,
+                                     r.routed_scaling_factor, w13, w2, self.w13_bias, self.w2_bias,
+                                     api._act_name(activation), shared_w13, shared_w2, r.shared_expert_gate)
 
     # ------------------------------------------------------------------ construction from float
     @classmethod
@@ -320,8 +326,19 @@ class MoELayer:
         experts take x as is. Routed output (scaled by ``routed_scaling_factor`` through the router
         weights) plus, when present, the SiLU shared expert added unscaled, rounded once to x's dtype.
         """
-        weights, ids = self.route(x)
-        return self.run_experts(x, weights, ids)
+        return api._wrap_out(_core.moe_layer(self._plan, api._bf16_bits(self.router.check_x(x))), x)
+
+    @accepts_dlpack("x", bf16_from="x")
+    def submit(self, x: np.ndarray, stream: "Stream") -> "PendingExperts":
+        """Queue the whole layer (router, experts, shared expert) on a :class:`moe_cpu.Stream`; returns at once
+        with a :class:`moe_cpu.stream.PendingExperts` whose ``wait()`` gives what ``layer(x)`` gives, bit for bit.
+        Shape / dtype / non-finite errors of x raise here (nothing is queued); errors of the run (a non-finite
+        bias of a routed expert) raise from ``wait()``. The task holds x and the layer until it has run."""
+        from .stream import Stream
+
+        if not isinstance(stream, Stream):
+            raise TypeError(f"stream must be a moe_cpu.Stream, got {type(stream).__name__}")
+        return stream._submit_layer(self._plan, self.router.check_x(x))
 
     @accepts_dlpack("x", "topk_weights", "topk_ids", bf16_from="x")
     def run_experts(self, x: np.ndarray, topk_weights: np.ndarray, topk_ids: np.ndarray) -> np.ndarray:

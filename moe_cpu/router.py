@@ -1,7 +1,8 @@
 """The router of a MoE layer and the shared expert's gate, composed by ``MoELayer`` and
 ``distributed.EPMoELayer`` (the same operations, so the same bits on every rank)::
 
-    logits  = x @ gate.T (+ gate_bias)            float32; bf16 inputs are widened first
+    logits  = x @ gate.T (+ gate_bias)            float32 (bf16 inputs widened), one summation order for every
+                                                  M, thread count and ISA (batch-invariant; _core.router_logits)
     w, ids  = select_experts(logits, top_k, ...)  weights include routed_scaling_factor
     g       = sigmoid(x @ shared_expert_gate)     Qwen2-MoE's per-token shared-expert weight
 """
@@ -12,7 +13,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from . import api
+from . import _core, api
 from ._dtypes import from_bf16_bits, to_bf16_bits
 
 __all__ = ["Router"]
@@ -144,10 +145,7 @@ class Router:
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """float32 ``[M, E]`` = x @ gate.T (+ gate_bias), x checked and widened to float32."""
-        logits = widen(self.check_x(x)) @ self.gate.T
-        if self.gate_bias is not None:
-            logits += self.gate_bias
-        return np.ascontiguousarray(logits, dtype=np.float32)
+        return _core.router_logits(api._bf16_bits(self.check_x(x)), self.gate, self.gate_bias)
 
     def route(self, x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """``(topk_weights float32 [M, k], topk_ids int32 [M, k])``; the weights include routed_scaling_factor."""
@@ -157,8 +155,7 @@ class Router:
         """float32 ``[M]``: sigmoid(x @ shared_expert_gate), x widened to float32."""
         if self.shared_expert_gate is None:
             raise ValueError("this layer has no shared_expert_gate")
-        z = widen(self.check_x(x)) @ self.shared_expert_gate
-        return (1.0 / (1.0 + np.exp(-z.astype(np.float64)))).astype(np.float32)
+        return _core.shared_gate(api._bf16_bits(self.check_x(x)), self.shared_expert_gate)
 
     def describe(self) -> str:
         """One line: 'grouped sigmoid top-8, 4 of 8 groups, correction bias, renormalized, scale 2.5'."""

@@ -8,7 +8,8 @@ of compute threads) in submission order while the caller goes on, the CPU half o
         y = h.wait()                                       # the output; a run-time error raises here
 
 A task holds every array and PackedExperts it reads or writes until it has run: ``del x`` after ``submit`` is
-safe. Between tasks the worker polls for ``spin_us`` microseconds, then sleeps.
+safe. Between tasks the worker polls for ``spin_us`` microseconds, then sleeps; ``wait`` polls as long before it
+sleeps.
 """
 from __future__ import annotations
 
@@ -26,9 +27,12 @@ from .api import _act_name, _bf16_bits, _int_arg, _wrap_out
 
 __all__ = ["Stream", "PendingExperts", "Capture", "DEFAULT_SPIN_US"]
 
-# How long an idle worker polls before it sleeps: a decode step's GPU part (attention of one layer) takes
-# 50-500 us, so the next submit usually comes within it; past that, sleeping costs one futex wake-up (~10 us).
-DEFAULT_SPIN_US = 200
+# How long an idle worker polls for the next task, and a waiter for its task, before sleeping (yielding the core
+# between polls). On the Zen 4 VM of docs/hybrid.md a futex wake-up costs the woken thread tens of microseconds:
+# polling 1000 us covers a decode step's experts (0.8-1.5 ms at M=1) and a GPU part of up to 1 ms, and took the
+# paired decode ratio from 1.09 (0 us) and 1.05 (200 us) to 0.99 (bench/stream_overlap.py). An idle stream
+# burns at most that once per task, then sleeps.
+DEFAULT_SPIN_US = 1000
 
 _LIVE: "weakref.WeakSet[Stream]" = weakref.WeakSet()
 
@@ -106,7 +110,8 @@ class Stream:
     Args:
         num_threads: the team of each task (default: ``moe_cpu.get_num_threads()``). Streams and blocking
             calls run at once, each with its own threads: the counts add up (see docs/hybrid.md).
-        spin_us: microseconds the idle worker polls for the next task before it sleeps (0: sleep at once).
+        spin_us: microseconds the idle worker polls for the next task, and ``wait`` for its task, before they
+            sleep (0: sleep at once). Polls yield the core to any other thread that wants it.
     """
 
     def __init__(self, num_threads: Optional[int] = None, *, spin_us: int = DEFAULT_SPIN_US):
@@ -138,6 +143,12 @@ class Stream:
                                        expert_map, _bf16_bits(out), bool(inplace))
         p = PendingExperts(task, hidden_states, out, bool(inplace))
         self._prune(p)   # held until the task has run (the worker reads its arrays)
+        return p
+
+    def _submit_layer(self, plan: Any, x: np.ndarray) -> PendingExperts:
+        """``MoELayer.submit``: the layer's C++ plan on x (checked by the layer)."""
+        p = PendingExperts(self._core.submit_layer(plan, _bf16_bits(x)), x, None, False)
+        self._prune(p)
         return p
 
     def capture(self, hidden_states: np.ndarray, w13: Any, w2: Any, topk_weights: np.ndarray, topk_ids: np.ndarray,

@@ -105,5 +105,24 @@ TEST(Stream, ManySubmittersOneWorker) {
     for (auto& t : v) EXPECT_TRUE(t->done());
 }
 
+// Submit / wait hand-offs where both sides poll (the worker between tasks, the waiter for its task) and where
+// both sleep: every result is the task's own, read after wait() without any other synchronisation.
+TEST(Stream, PollingAndSleepingHandOffs) {
+  for (int64_t spin : {int64_t(0), int64_t(2000)}) {
+    Stream s(1, spin);
+    for (int i = 0; i < 300; ++i) {
+      int value = -1;
+      auto t = task([&value, i] {
+        if (i % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        value = i;
+      });
+      s.submit(t);
+      ASSERT_TRUE(t->wait(-1));
+      EXPECT_EQ(value, i);
+      if (i % 100 == 99) std::this_thread::sleep_for(std::chrono::milliseconds(4));  // past the poll: asleep
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moe_cpu

@@ -258,7 +258,9 @@ def test_deepseek_v3_fp8(tmp_path, rng, I):
     assert_close(got, want, "fp8_w8a16", "shared expert")
     # MoELayer.from_weights chains the same calls
     layer = moe_cpu.MoELayer.from_weights(lw)
-    tw, ids = moe_cpu.select_experts(x @ lw.gate.T, 2, e_score_correction_bias=lw.e_score_correction_bias,
+    logits = layer.router_logits(x)   # the router's own fp32 GEMM (its order, not NumPy's)
+    np.testing.assert_allclose(logits, x.astype(np.float64) @ lw.gate.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+    tw, ids = moe_cpu.select_experts(logits, 2, e_score_correction_bias=lw.e_score_correction_bias,
                                      **c.routing_kwargs())
     manual = moe_cpu.shared_expert(x, lw.shared_w13, lw.shared_w2, moe_cpu.fused_experts(x, lw.w13, lw.w2, tw, ids))
     np.testing.assert_array_equal(layer(x), manual)

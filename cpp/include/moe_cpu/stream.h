@@ -2,6 +2,7 @@
 // Stream run on its own thread (and its own team of num_threads compute threads), in submission order, while
 // the caller goes on. Between tasks the worker spins for a bounded time, then sleeps on a condition variable.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -18,8 +19,9 @@ class StreamTask {
  public:
   explicit StreamTask(std::function<void()> work) : work_(std::move(work)) {}
   bool done() const;
-  // Blocks until the task has run, or for at most timeout_s seconds (< 0: no limit). Returns whether it ran;
-  // rethrows the task's exception (every time it is waited on).
+  // Blocks until the task has run, or for at most timeout_s seconds (< 0: no limit): polls for the stream's
+  // spin_us (yielding the core between polls) when its team leaves a processor free, then sleeps. Returns whether it ran; rethrows the task's
+  // exception (every time it is waited on).
   bool wait(double timeout_s) const;
 
  private:
@@ -29,7 +31,9 @@ class StreamTask {
   std::exception_ptr err_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};
+  int64_t spin_us_ = 0;  // how long wait() polls: set by Stream::submit
+  mutable std::atomic<int> sleepers_{0};  // waiters asleep on cv_ (run() notifies only when there are some)
 };
 
 class Stream {
@@ -57,7 +61,8 @@ class Stream {
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
   std::deque<std::shared_ptr<StreamTask>> queue_;
-  bool closing_ = false, busy_ = false, sleeping_ = false;
+  std::atomic<uint64_t> queued_{0};  // tasks in queue_ (the spinning worker polls it without the lock)
+  bool closing_ = false, sleeping_ = false;
   uint64_t submitted_ = 0, finished_ = 0;
   std::thread worker_;
 };

@@ -48,4 +48,6 @@ int get_num_threads() {
   return n > 0 ? n : default_threads();
 }
 
+int num_procs() { return omp_get_num_procs(); }
+
 }  // namespace moe_cpu

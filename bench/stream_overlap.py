@@ -1,0 +1,269 @@
+"""The CPU half of a hybrid server (issue 34; docs/hybrid.md): what a moe_cpu.Stream costs and what it overlaps,
+on the Qwen3-30B-A3B shape (H=2048, I=768, E=128, k=8), every figure a ratio or median from this one run.
+
+  idle       the process's CPU time over 2 s of an idle open stream, in % of one core;
+  submit     the time Stream.submit takes to return at M=1 (median; the worker idle and spinning, or asleep);
+  decode     submit + wait against the blocking fused_experts at M=1, per scheme: calls alternate, each on new
+             routing (cold weights), the ratio is the median of per-round ratios (paired: the host's swings cancel);
+  overlap    a GPU stand-in: the caller sleeps T (GIL released, no CPU) between submit and wait, T = 0.5, 1, 2 x
+             t_experts. wall / max(T_slept, t_experts), T_slept the same sleep timed alone in the round;
+  loop       KTransformers' decode loop over L layers: submit the routed experts, the "GPU part" (sleep T = t_experts),
+             wait, combine; tokens/s against the same loop run serially (sleep, then the blocking call), and with
+             kt-kernel's CPUInfer submit / sync in the same loop where kt-kernel 0.7.2 is installed (--kt-peer).
+
+    python bench/stream_overlap.py [--schemes int4_w4a8,...] [--rounds 15] [--layers 4] [--kt-peer]
+"""
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+import moe_cpu
+from moe_cpu.bench.random_forms import random_packed
+from moe_cpu.bench.timing import Routing
+
+H, I, E, K = 2048, 768, 128, 8
+ALL = ("int4_w4a8", "int8_w8a8", "fp8_w8a16", "bf16", "int4_w4a16", "int8_w8a16")
+
+
+def pack(rng, scheme):
+    return random_packed(rng, scheme, E, 2 * I, H), random_packed(rng, scheme, E, H, I)
+
+
+def idle_cpu(seconds=2.0):
+    with moe_cpu.Stream() as s:
+        s.submit(*dummy).wait()          # the worker has run once and gone idle
+        t0, c0 = time.perf_counter(), time.process_time()
+        time.sleep(seconds)
+        return 100 * (time.process_time() - c0) / (time.perf_counter() - t0)
+
+
+def submit_latency(s, w13, w2, route, x, tw, n=200, gap=0.0):
+    """Median time submit() takes to return (gap: seconds slept before each submit, 0: right after a wait)."""
+    ts = []
+    for _ in range(n):
+        ids = route.next(1)
+        if gap:
+            time.sleep(gap)
+        t0 = time.perf_counter()
+        h = s.submit(x, w13, w2, tw, ids)
+        ts.append(time.perf_counter() - t0)
+        h.wait()
+    return statistics.median(ts) * 1e6
+
+
+def decode_ratio(s, w13, w2, route, x, tw, rounds, reps=20):
+    ratios, tb = [], []
+    for _ in range(rounds):
+        idss = [route.next(1) for _ in range(reps)]
+        t0 = time.perf_counter()
+        for ids in idss:
+            moe_cpu.fused_experts(x, w13, w2, tw, ids)
+        t1 = time.perf_counter()
+        idss = [route.next(1) for _ in range(reps)]
+        t2 = time.perf_counter()
+        for ids in idss:
+            s.submit(x, w13, w2, tw, ids).wait()
+        t3 = time.perf_counter()
+        ratios.append((t3 - t2) / (t1 - t0)), tb.append((t1 - t0) / reps)
+    return statistics.median(ratios), statistics.median(tb)
+
+
+def overlap(s, w13, w2, route, x, tw, t_exp, rounds, reps=10):
+    rows = []
+    for f in (0.5, 1.0, 2.0):
+        T, r = f * t_exp, []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                time.sleep(T)
+            slept = (time.perf_counter() - t0) / reps
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                moe_cpu.fused_experts(x, w13, w2, tw, route.next(1))
+            te = (time.perf_counter() - t0) / reps
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                h = s.submit(x, w13, w2, tw, route.next(1))
+                time.sleep(T)
+                h.wait()
+            wall = (time.perf_counter() - t0) / reps
+            r.append((wall / max(slept, te), wall, slept, te))
+        med = sorted(r)[len(r) // 2]
+        rows.append((f, *med))
+    return rows
+
+
+def spin_sweep(w13, w2, route, x, tw, spins=(0, 50, 200, 1000, 3000), n=100):
+    """Per spin_us: submit latency after idle gaps, and the CPU the worker burns per second idle."""
+    print(f"\nspin_us: submit at M=1 (median of {n}, us) after an idle gap, and the CPU time of a 2 ms gap after a task")
+    gaps = (0.0, 0.0005, 0.002)
+    print(f"{'spin_us':>8}" + "".join(f"{'gap %.1f ms' % (g * 1e3):>13}" for g in gaps) + f"{'cpu/gap 2ms':>13}")
+    for spin in spins:
+        with moe_cpu.Stream(spin_us=spin) as s:
+            lat = [submit_latency(s, w13, w2, route, x, tw, n=n, gap=g) for g in gaps]
+            burn = 0.0
+            for _ in range(20):   # a task, then 2 ms idle: the CPU time spent while the caller sleeps
+                s.submit(x, w13, w2, tw, route.next(1)).wait()
+                c0 = time.process_time()
+                time.sleep(0.002)
+                burn += (time.process_time() - c0) / 20
+        print(f"{spin:8d}" + "".join(f"{v:13.1f}" for v in lat) + f"{burn * 1e3:10.3f} ms")
+
+
+def layer_loop(step, layers, tokens=30, rounds=5):
+    """Tokens/s of `step(layer_index, x) -> x` over `layers` layers, median of `rounds` runs of `tokens` tokens."""
+    rates = []
+    for _ in range(rounds):
+        x = dummy[0].copy()
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            for li in range(layers):
+                x = step(li, x)
+        rates.append(tokens / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def main():
+    global dummy
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--schemes", default=",".join(ALL))
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--kt-peer", action="store_true")
+    ap.add_argument("--spin-sweep", action="store_true", help="submit latency and idle CPU per spin_us")
+    a = ap.parse_args()
+    rng = np.random.default_rng(0)
+    n = moe_cpu.get_num_threads()
+    x = rng.standard_normal((1, H), dtype=np.float32)
+    tw = np.full((1, K), 1.0 / K, np.float32)
+    print(f"{n} threads, Qwen3-30B-A3B shape H={H} I={I} E={E} k={K}; "
+          f"spin_us={moe_cpu.stream.DEFAULT_SPIN_US}")
+    schemes = a.schemes.split(",")
+    packed = {sch: pack(rng, sch) for sch in schemes}
+    w13, w2 = packed[schemes[0]]
+    dummy = (x, w13, w2, tw, np.arange(K, dtype=np.int32)[None])
+    print(f"\nidle: an open stream uses {idle_cpu():.2f}% of a core (process CPU time over 2 s)")
+
+    route = Routing(rng, E, K)
+    counts = sorted({n, max(1, n - 1)}, reverse=True)
+    print(f"\ndecode M=1: submit + wait / blocking fused_experts (both on t threads), median of {a.rounds} paired "
+          f"rounds of 20 calls")
+    print(f"{'scheme':>12} {'kernel':>22}" + "".join(f"{'blocking ms t=%d' % t:>18}{'ratio':>7}" for t in counts))
+    for sch in schemes:
+        p13, p2 = packed[sch]
+        row = f"{sch:>12} {p13.kernel:>22}"
+        for t in counts:
+            moe_cpu.set_num_threads(t)
+            try:
+                with moe_cpu.Stream(t) as s:
+                    r, tb = decode_ratio(s, p13, p2, route, x, tw, a.rounds)
+            finally:
+                moe_cpu.set_num_threads(n)
+            row += f"{tb * 1e3:18.3f}{r:7.3f}"
+        print(row)
+    sch = schemes[0]
+    if a.spin_sweep:
+        spin_sweep(w13, w2, route, x, tw)
+    # A stream of n threads leaves the caller no core of its own on an n-core host; n - 1 threads leave it one.
+    for nt in counts:
+        moe_cpu.set_num_threads(nt)   # the blocking calls that t_exp and the serial loop time
+        try:
+            with moe_cpu.Stream(nt) as s:
+                overlap_section(s, nt, rng, sch, w13, w2, route, x, tw, a)
+        finally:
+            moe_cpu.set_num_threads(n)
+
+
+def overlap_section(s, nt, rng, sch, w13, w2, route, x, tw, a):
+    print(f"\n== a stream of {nt} threads ({sch}); blocking calls on {nt} threads")
+    print(f"submit at M=1, median of 200: {submit_latency(s, w13, w2, route, x, tw):.1f} us right after a wait "
+          f"(worker polling), {submit_latency(s, w13, w2, route, x, tw, n=100, gap=0.002):.1f} us after 2 ms "
+          f"idle (worker asleep)")
+    t_exp = statistics.median(timed_blocking(w13, w2, route, x, tw) for _ in range(5))
+    print(f"GPU stand-in: submit, sleep T, wait; median of {a.rounds} rounds of 10; t_exp {t_exp * 1e3:.3f} ms")
+    print(f"{'T/t_exp':>8} {'wall/max':>9} {'wall ms':>8} {'T slept ms':>11} {'t_exp ms':>9}")
+    for f, ratio, wall, slept, te in overlap(s, w13, w2, route, x, tw, t_exp, a.rounds):
+        print(f"{f:8.1f} {ratio:9.3f} {wall * 1e3:8.3f} {slept * 1e3:11.3f} {te * 1e3:9.3f}")
+
+    L, T = a.layers, t_exp
+    layers = [pack(rng, sch) for _ in range(L - 1)] + [(w13, w2)]
+    gate = rng.standard_normal((E, H), dtype=np.float32) * 0.02
+    mlayers = [moe_cpu.MoELayer(gate, l13, l2, top_k=K) for l13, l2 in layers]
+    routes = [Routing(rng, E, K) for _ in range(L)]
+
+    def serial(li, x):
+        time.sleep(T)   # the GPU part
+        return x + 1e-3 * moe_cpu.fused_experts(x, *layers[li], tw, routes[li].next(1))
+
+    def streamed(li, x):
+        h = s.submit(x, *layers[li], tw, routes[li].next(1))
+        time.sleep(T)
+        return x + 1e-3 * h.wait()
+
+    def layer_serial(li, x):
+        time.sleep(T)
+        return x + 1e-3 * mlayers[li](x)
+
+    def layer_streamed(li, x):
+        h = mlayers[li].submit(x, s)
+        time.sleep(T)
+        return x + 1e-3 * h.wait()
+
+    print(f"decode loop, {L} layers, GPU part T = t_exp per layer; tokens/s, median of 5 runs of 30 tokens "
+          f"(ideal overlap: 2x)")
+    ser, st = layer_loop(serial, L), layer_loop(streamed, L)
+    print(f"  fused_experts, routing given:  serial {ser:7.1f}  stream {st:7.1f}  x{st / ser:.2f}")
+    ser, st = layer_loop(layer_serial, L), layer_loop(layer_streamed, L)
+    print(f"  MoELayer (router on the CPU):  serial {ser:7.1f}  stream {st:7.1f}  x{st / ser:.2f}")
+    if a.kt_peer:
+        kt_loop(rng, nt, L, T, sch)
+
+
+def timed_blocking(w13, w2, route, x, tw, reps=20):
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        moe_cpu.fused_experts(x, w13, w2, tw, route.next(1))
+    return (time.perf_counter() - t0) / reps
+
+
+def kt_loop(rng, n, L, T, sch):
+    """The same loop on kt-kernel's CPUInfer(n): submit forward_task, sleep T, sync."""
+    from moe_cpu.bench import kt_peer
+    from moe_cpu._dtypes import to_bf16_bits
+
+    info = kt_peer.probe()
+    if isinstance(info, str) or sch not in info["ran"] or kt_peer.KT[sch] == "GPTQ_CLASS":
+        print(f"\nkt-kernel: not run for {sch} ({info if isinstance(info, str) else 'no such class here'})")
+        return
+    w = [to_bf16_bits(rng.standard_normal(shp, dtype=np.float32) * 0.02) for shp in ((E, I, H), (E, I, H), (E, H, I))]
+    kt = kt_peer.KtMoE(kt_peer.KT[sch], n, K, *w, 1)
+    route = Routing(rng, E, K)
+    xb, out = to_bf16_bits(np.zeros((1, H), np.float32)), np.zeros((1, H), np.uint16)
+    m, tw = np.array([1], np.int64), np.full((1, K), 1.0 / K, np.float32)
+
+    def call(wait_fn):
+        ids = route.next(1).astype(np.int64)
+        kt.cpu.submit(kt.moe.forward_task(m.ctypes.data, K, ids.ctypes.data, tw.ctypes.data, xb.ctypes.data,
+                                          out.ctypes.data, False))
+        wait_fn()
+        kt.cpu.sync()
+
+    def serial(li, x):
+        time.sleep(T)
+        call(lambda: None)
+        return x
+
+    def streamed(li, x):
+        call(lambda: time.sleep(T))
+        return x
+
+    ser, st = layer_loop(serial, L), layer_loop(streamed, L)
+    print(f"  kt-kernel {kt_peer.KT[sch]} CPUInfer({n}) (one layer's weights, {L} calls per token): "
+          f"serial {ser:7.1f}  overlapped {st:7.1f}  x{st / ser:.2f}")
+    kt.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -174,3 +174,22 @@ def test_shared_gate_against_float64():
     x = make_input(np.random.default_rng(13), 9, H)
     z = x.astype(np.float64) @ layer.shared_expert_gate.astype(np.float64)
     np.testing.assert_allclose(layer.shared_gate(x), 1 / (1 + np.exp(-z)), rtol=1e-6, atol=1e-7)
+
+
+def test_router_logits_are_the_same_bits_on_every_isa_level():
+    rng = np.random.default_rng(14)
+    levels = ["reference"] + [lv for lv in ("avx2", "avx512") if lv in moe_cpu.cpu_features()["detected"]]
+    for h in (2048, 136, 7):
+        gate = rng.standard_normal((37, h), dtype=np.float32)
+        x = rng.standard_normal((13, h), dtype=np.float32)
+        got = {}
+        try:
+            for lv in ["native"] + levels:
+                moe_cpu.force_isa(lv)
+                got[lv] = moe_cpu._core.router_logits(x, gate, None).view(np.uint32)
+        finally:
+            moe_cpu.force_isa("native")
+        for lv in levels:
+            np.testing.assert_array_equal(got[lv], got["native"], err_msg=f"H={h}, level {lv}")
+        want = x.astype(np.float64) @ gate.T.astype(np.float64)
+        assert np.max(np.abs(got["native"].view(np.float32) - want)) < 1e-5 * np.max(np.abs(x) @ np.abs(gate).T)

@@ -13,9 +13,11 @@
 #endif
 
 // The target of each word (what `#pragma GCC target` takes), applied to X; a word without one is the baseline.
+#define MOE_ISA_TARGET_portable(X)
 #define MOE_ISA_TARGET_avx2(X) X("avx2,fma,f16c")
 #define MOE_ISA_TARGET_avx2vnni(X) X("avx2,fma,f16c,avxvnni")
 #define MOE_ISA_TARGET_avx2vnni_evex(X) X("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+#define MOE_ISA_TARGET_avx512(X) X("avx512f,avx512bw,avx512vl,avx512dq,fma")
 #define MOE_ISA_TARGET_avx512vnni(X) X("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")
 #define MOE_ISA_TARGET_avx512bf16(X) X("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
 #define MOE_ISA_TARGET_avx512vbmi(X) X("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx512vbmi")

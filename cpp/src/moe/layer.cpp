@@ -1,4 +1,5 @@
-// layer.cpp — the router GEMM (portable, one summation order everywhere) and the layer's chain of calls.
+// layer.cpp — the router GEMM (kernels/router_dots.h: one summation order on every ISA) and the layer's chain of
+// calls.
 #include "moe_cpu/layer.h"
 
 #include <cmath>
@@ -7,76 +8,54 @@
 
 #include "common/numeric.h"
 #include "common/parallel.h"
+#include "moe_cpu/cpu_features.h"
 #include "moe_cpu/errors.h"
+
+namespace moe_cpu::kernels {
+namespace portable {
+void router_dots(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float*);
+}
+#if defined(__x86_64__)
+namespace avx2 {
+void router_dots(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float*);
+}
+namespace avx512 {
+void router_dots(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float*);
+}
+#endif
+}  // namespace moe_cpu::kernels
 
 namespace moe_cpu {
 namespace {
 
-constexpr int64_t kLanes = 16, kRows = 4, kExpertsPerTask = 16;
-typedef float v16 __attribute__((vector_size(64)));  // lowered to the baseline ISA's vectors (SSE2, NEON)
+constexpr int64_t kRows = 4, kExpertsPerTask = 16;
 
-// The rows [m0, m0 + n) of x as fp32, zero-padded to Hp (a multiple of kLanes).
-void widen_rows(const void* x, DType dt, int64_t H, int64_t Hp, int64_t m0, int64_t n, float* xf) {
-  for (int64_t r = 0; r < n; ++r) {
-    float* d = xf + r * Hp;
-    if (dt == DType::kF32) {
-      std::memcpy(d, static_cast<const float*>(x) + (m0 + r) * H, size_t(H) * 4);
-    } else {
-      const uint16_t* s = static_cast<const uint16_t*>(x) + (m0 + r) * H;
-      for (int64_t k = 0; k < H; ++k) d[k] = bf16_to_float(s[k]);
-    }
-    std::memset(d + H, 0, size_t(Hp - H) * 4);
-  }
+using DotsFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float*);
+
+DotsFn dots_fn() {  // one source (kernels/router_dots.h), the widest vectors the active ISA level has
+#if defined(__x86_64__)
+  const uint64_t f = active_features();
+  if (f & kFeatAvx512) return kernels::avx512::router_dots;
+  if (f & kFeatAvx2) return kernels::avx2::router_dots;
+#endif
+  return kernels::portable::router_dots;
 }
 
-inline float reduce(v16 v) {  // fixed tree: 16 -> 8 -> 4 -> 2 -> 1
-  float t[16];
-  std::memcpy(t, &v, 64);
-  for (int w = 8; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) t[i] += t[i + w];
-  return t[0];
-}
-
-// dots[r * E + e] for rows r < n of xf (stride Hp) and experts [e0, e1) of gate (rows of H, read in lanes
-// of 16: the tail of each gate row is read up to Hp through a zero-padded copy).
-template <int n>
-void dot_block(const float* xf, int64_t Hp, const float* gate, int64_t H, int64_t e0, int64_t e1,
-               int64_t E, float* dots) {
-  std::vector<float> tail(size_t(kLanes), 0.f);
-  const int64_t Hm = H / kLanes * kLanes;
-  for (int64_t e = e0; e < e1; ++e) {
-    const float* g = gate + e * H;
-    std::memset(tail.data(), 0, kLanes * 4);
-    std::memcpy(tail.data(), g + Hm, size_t(H - Hm) * 4);
-    v16 acc[n] = {};
-    for (int64_t k = 0; k < Hp; k += kLanes) {
-      v16 gv;
-      std::memcpy(&gv, k < Hm ? g + k : tail.data(), 64);
-      for (int r = 0; r < n; ++r) {
-        v16 xv;
-        std::memcpy(&xv, xf + r * Hp + k, 64);
-        acc[r] += xv * gv;
-      }
-    }
-    for (int r = 0; r < n; ++r) dots[r * E + e] = reduce(acc[r]);
-  }
-}
-
+// out[m * E + e] = x[m] . w[e] (w: E rows of H), in tasks of kRows rows x kExpertsPerTask experts.
 void dots(const void* x, DType dt, int64_t M, int64_t H, const float* w, int64_t E, float* out) {
-  const int64_t Hp = (H + kLanes - 1) / kLanes * kLanes;
+  const DotsFn fn = dots_fn();
   const int64_t row_blocks = (M + kRows - 1) / kRows, e_blocks = (E + kExpertsPerTask - 1) / kExpertsPerTask;
   parallel_for(row_blocks * e_blocks, [&](int64_t t) {
     const int64_t m0 = t / e_blocks * kRows, n = std::min(kRows, M - m0);
     const int64_t e0 = t % e_blocks * kExpertsPerTask, e1 = std::min(E, e0 + kExpertsPerTask);
-    std::vector<float> xf(size_t(n * Hp));
-    widen_rows(x, dt, H, Hp, m0, n, xf.data());
-    float* o = out + m0 * E;
-    switch (n) {
-      case 1: dot_block<1>(xf.data(), Hp, w, H, e0, e1, E, o); break;
-      case 2: dot_block<2>(xf.data(), Hp, w, H, e0, e1, E, o); break;
-      case 3: dot_block<3>(xf.data(), Hp, w, H, e0, e1, E, o); break;
-      default: dot_block<4>(xf.data(), Hp, w, H, e0, e1, E, o); break;
-    }
+    if (dt == DType::kF32) return fn(static_cast<const float*>(x) + m0 * H, n, H, w, H, e0, e1, E, out + m0 * E);
+    float xf[kRows * 1024];  // bf16 rows widened exactly, on the stack when they fit
+    std::vector<float> big;
+    float* rows = xf;
+    if (n * H > kRows * 1024) big.resize(size_t(n * H)), rows = big.data();
+    const uint16_t* b = static_cast<const uint16_t*>(x) + m0 * H;
+    for (int64_t i = 0; i < n * H; ++i) rows[i] = bf16_to_float(b[i]);
+    fn(rows, n, H, w, H, e0, e1, E, out + m0 * E);
   });
 }
 

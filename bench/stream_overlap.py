@@ -3,10 +3,11 @@ on the Qwen3-30B-A3B shape (H=2048, I=768, E=128, k=8), every figure a ratio or 
 
   idle       the process's CPU time over 2 s of an idle open stream, in % of one core;
   submit     the time Stream.submit takes to return at M=1 (median; the worker idle and spinning, or asleep);
-  decode     submit + wait against the blocking fused_experts at M=1, per scheme: calls alternate, each on new
-             routing (cold weights), the ratio is the median of per-round ratios (paired: the host's swings cancel);
+  decode     submit + wait against the blocking fused_experts at M=1, per scheme: blocks of 20 calls alternate
+             (ABBA), each call on new routing (cold weights); the median of the per-round ratios (paired: the host's
+             swings cancel);
   overlap    a GPU stand-in: the caller sleeps T (GIL released, no CPU) between submit and wait, T = 0.5, 1, 2 x
-             t_experts. wall / max(T_slept, t_experts), T_slept the same sleep timed alone in the round;
+             t_experts. wall / max(T_slept, t_experts), T_slept and t_experts timed alone just before (median triplet);
   loop       KTransformers' decode loop over L layers: submit the routed experts, the "GPU part" (sleep T = t_experts),
              wait, combine; tokens/s against the same loop run serially (sleep, then the blocking call), and with
              kt-kernel's CPUInfer submit / sync in the same loop where kt-kernel 0.7.2 is installed (--kt-peer).
@@ -54,53 +55,73 @@ def submit_latency(s, w13, w2, route, x, tw, n=200, gap=0.0):
 
 
 def decode_ratio(s, w13, w2, route, x, tw, rounds, reps=20):
-    ratios, tb = [], []
-    for _ in range(rounds):
+    """Paired rounds: `reps` blocking calls and `reps` submit + wait (the two blocks in ABBA order, each call on new
+    routing, the first call of a block not timed: the other side's threads settle); the median of the per-round
+    ratios, and the blocking call's median time."""
+    def block(fn):
+        fn(route.next(1))
         idss = [route.next(1) for _ in range(reps)]
         t0 = time.perf_counter()
         for ids in idss:
-            moe_cpu.fused_experts(x, w13, w2, tw, ids)
-        t1 = time.perf_counter()
-        idss = [route.next(1) for _ in range(reps)]
-        t2 = time.perf_counter()
-        for ids in idss:
-            s.submit(x, w13, w2, tw, ids).wait()
-        t3 = time.perf_counter()
-        ratios.append((t3 - t2) / (t1 - t0)), tb.append((t1 - t0) / reps)
+            fn(ids)
+        return (time.perf_counter() - t0) / reps
+
+    def blocking(ids):
+        moe_cpu.fused_experts(x, w13, w2, tw, ids)
+
+    def streamed(ids):
+        s.submit(x, w13, w2, tw, ids).wait()
+
+    ratios, tb = [], []
+    for i in range(rounds):
+        a, b = (block(blocking), block(streamed)) if i % 2 == 0 else reversed((block(streamed), block(blocking)))
+        ratios.append(b / a), tb.append(a)
     return statistics.median(ratios), statistics.median(tb)
 
 
 def overlap(s, w13, w2, route, x, tw, t_exp, rounds, reps=10):
+    """Per T: triplets of (sleep T alone, the blocking call alone, submit + sleep T + wait), each triplet's
+    wall / max(slept, t_exp); the median triplet."""
     rows = []
     for f in (0.5, 1.0, 2.0):
         T, r = f * t_exp, []
-        for _ in range(rounds):
+        for _ in range(rounds * reps):
             t0 = time.perf_counter()
-            for _ in range(reps):
-                time.sleep(T)
-            slept = (time.perf_counter() - t0) / reps
+            time.sleep(T)
+            slept = time.perf_counter() - t0
+            ids = route.next(1)
             t0 = time.perf_counter()
-            for _ in range(reps):
-                moe_cpu.fused_experts(x, w13, w2, tw, route.next(1))
-            te = (time.perf_counter() - t0) / reps
+            moe_cpu.fused_experts(x, w13, w2, tw, ids)
+            te = time.perf_counter() - t0
+            ids = route.next(1)
             t0 = time.perf_counter()
-            for _ in range(reps):
-                h = s.submit(x, w13, w2, tw, route.next(1))
-                time.sleep(T)
-                h.wait()
-            wall = (time.perf_counter() - t0) / reps
+            h = s.submit(x, w13, w2, tw, ids)
+            time.sleep(T)
+            h.wait()
+            wall = time.perf_counter() - t0
             r.append((wall / max(slept, te), wall, slept, te))
         med = sorted(r)[len(r) // 2]
         rows.append((f, *med))
     return rows
 
 
-def spin_sweep(w13, w2, route, x, tw, spins=(0, 50, 200, 1000, 3000), n=100):
-    """Per spin_us: submit latency after idle gaps, and the CPU the worker burns per second idle."""
-    print(f"\nspin_us: submit at M=1 (median of {n}, us) after an idle gap, and the CPU time of a 2 ms gap after a task")
+def spin_sweep(w13, w2, route, x, tw, rounds, spins=(0, 50, 200, 1000, 3000), n=100):
+    """Per spin_us: submit latency after idle gaps, the CPU the worker burns in a gap, and the decode ratio of a
+    stream that leaves the caller a processor (its wait polls)."""
+    t = max(1, moe_cpu.get_num_threads() - 1)
+    print(f"\nspin_us: submit at M=1 (median of {n}, us) after an idle gap, the CPU time of a 2 ms gap after a task, "
+          f"and the decode ratio of a {t}-thread stream")
     gaps = (0.0, 0.0005, 0.002)
-    print(f"{'spin_us':>8}" + "".join(f"{'gap %.1f ms' % (g * 1e3):>13}" for g in gaps) + f"{'cpu/gap 2ms':>13}")
+    print(f"{'spin_us':>8}" + "".join(f"{'gap %.1f ms' % (g * 1e3):>13}" for g in gaps) + f"{'cpu/gap 2ms':>13}"
+          + f"{'ratio t=%d' % t:>11}")
     for spin in spins:
+        n_all = moe_cpu.get_num_threads()
+        moe_cpu.set_num_threads(t)
+        try:
+            with moe_cpu.Stream(t, spin_us=spin) as s:
+                ratio = decode_ratio(s, w13, w2, route, x, tw, rounds)[0]
+        finally:
+            moe_cpu.set_num_threads(n_all)
         with moe_cpu.Stream(spin_us=spin) as s:
             lat = [submit_latency(s, w13, w2, route, x, tw, n=n, gap=g) for g in gaps]
             burn = 0.0
@@ -109,7 +130,7 @@ def spin_sweep(w13, w2, route, x, tw, spins=(0, 50, 200, 1000, 3000), n=100):
                 c0 = time.process_time()
                 time.sleep(0.002)
                 burn += (time.process_time() - c0) / 20
-        print(f"{spin:8d}" + "".join(f"{v:13.1f}" for v in lat) + f"{burn * 1e3:10.3f} ms")
+        print(f"{spin:8d}" + "".join(f"{v:13.1f}" for v in lat) + f"{burn * 1e3:10.3f} ms" + f"{ratio:11.3f}")
 
 
 def layer_loop(step, layers, tokens=30, rounds=5):
@@ -129,7 +150,7 @@ def main():
     global dummy
     ap = argparse.ArgumentParser()
     ap.add_argument("--schemes", default=",".join(ALL))
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--kt-peer", action="store_true")
     ap.add_argument("--spin-sweep", action="store_true", help="submit latency and idle CPU per spin_us")
@@ -148,8 +169,8 @@ def main():
 
     route = Routing(rng, E, K)
     counts = sorted({n, max(1, n - 1)}, reverse=True)
-    print(f"\ndecode M=1: submit + wait / blocking fused_experts (both on t threads), median of {a.rounds} paired "
-          f"rounds of 20 calls")
+    print(f"\ndecode M=1: submit + wait / blocking fused_experts (both on t threads), median of {a.rounds} ABBA "
+          f"rounds of 20 calls each")
     print(f"{'scheme':>12} {'kernel':>22}" + "".join(f"{'blocking ms t=%d' % t:>18}{'ratio':>7}" for t in counts))
     for sch in schemes:
         p13, p2 = packed[sch]
@@ -165,7 +186,7 @@ def main():
         print(row)
     sch = schemes[0]
     if a.spin_sweep:
-        spin_sweep(w13, w2, route, x, tw)
+        spin_sweep(w13, w2, route, x, tw, max(4, a.rounds // 2))
     # A stream of n threads leaves the caller no core of its own on an n-core host; n - 1 threads leave it one.
     for nt in counts:
         moe_cpu.set_num_threads(nt)   # the blocking calls that t_exp and the serial loop time
@@ -182,7 +203,7 @@ def overlap_section(s, nt, rng, sch, w13, w2, route, x, tw, a):
           f"(worker polling), {submit_latency(s, w13, w2, route, x, tw, n=100, gap=0.002):.1f} us after 2 ms "
           f"idle (worker asleep)")
     t_exp = statistics.median(timed_blocking(w13, w2, route, x, tw) for _ in range(5))
-    print(f"GPU stand-in: submit, sleep T, wait; median of {a.rounds} rounds of 10; t_exp {t_exp * 1e3:.3f} ms")
+    print(f"GPU stand-in: submit, sleep T, wait; the median of {a.rounds * 10} triplets; t_exp {t_exp * 1e3:.3f} ms")
     print(f"{'T/t_exp':>8} {'wall/max':>9} {'wall ms':>8} {'T slept ms':>11} {'t_exp ms':>9}")
     for f, ratio, wall, slept, te in overlap(s, w13, w2, route, x, tw, t_exp, a.rounds):
         print(f"{f:8.1f} {ratio:9.3f} {wall * 1e3:8.3f} {slept * 1e3:11.3f} {te * 1e3:9.3f}")

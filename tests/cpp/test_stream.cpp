@@ -51,14 +51,18 @@ TEST(Stream, ErrorsRethrowOnEveryWaitAndLaterTasksRun) {
 }
 
 TEST(Stream, WaitTimesOutAndTheTaskStillCompletes) {
-  Stream s(1, 0);
-  std::atomic<bool> go{false};
-  auto t = task([&] { while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
-  s.submit(t);
-  EXPECT_FALSE(t->wait(0.01));
-  EXPECT_FALSE(t->done());
-  go = true;
-  EXPECT_TRUE(t->wait(-1));
+  for (int64_t spin : {int64_t(0), int64_t(500000)}) {  // a waiter's polling counts against its timeout
+    Stream s(1, spin);
+    std::atomic<bool> go{false};
+    auto t = task([&] { while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
+    s.submit(t);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_FALSE(t->wait(0.01));
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.25);
+    EXPECT_FALSE(t->done());
+    go = true;
+    EXPECT_TRUE(t->wait(-1));
+  }
 }
 
 TEST(Stream, CloseRunsWhatIsQueuedAndRefusesMore) {

@@ -42,9 +42,10 @@ void StreamTask::run() {
 bool StreamTask::done() const { return done_.load(std::memory_order_acquire); }
 
 bool StreamTask::wait(double timeout_s) const {
+  const auto start = Clock::now();
+  const auto after = [&](double s) { return start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); };
   if (!done_.load(std::memory_order_acquire) && spin_us_ > 0 && timeout_s != 0) {  // the task is often nearly done
-    const double spin_s = timeout_s < 0 ? 1e-6 * double(spin_us_) : std::min(timeout_s, 1e-6 * double(spin_us_));
-    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spin_s));
+    const auto until = after(timeout_s < 0 ? 1e-6 * double(spin_us_) : std::min(timeout_s, 1e-6 * double(spin_us_)));
     while (!done_.load(std::memory_order_acquire) && Clock::now() < until) {
       for (int i = 0; i < 16; ++i) cpu_relax();
       std::this_thread::yield();
@@ -56,7 +57,7 @@ bool StreamTask::wait(double timeout_s) const {
     const auto pred = [&] { return done_.load(std::memory_order_acquire); };
     bool ran = true;
     if (timeout_s < 0) cv_.wait(lock, pred);
-    else ran = cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), pred);
+    else ran = cv_.wait_until(lock, after(timeout_s), pred);  // the polling counts against the timeout
     sleepers_.fetch_sub(1, std::memory_order_relaxed);
     if (!ran) return false;
   }

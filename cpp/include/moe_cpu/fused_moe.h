@@ -37,6 +37,8 @@ void check_scheme_pair(const PackedExperts& w13, const PackedExperts& w2, const 
 void fused_experts(const FusedMoeArgs& a);
 // The checks fused_experts runs before computing (pairs, shapes, ids, non-finite inputs), alone: ValueError.
 void check_fused_experts(const FusedMoeArgs& a);
+// ValueError naming the first non-finite value of hidden states x [M, H] (float32 or bf16 bits).
+void check_finite_hidden_states(const void* x, DType dtype, int64_t M, int64_t H);
 
 // out = fused_out * routed_scaling_factor + silu(x w13_g^T) * (x w13_u^T) w2^T, one rounding.
 // w13/w2 have num_experts == 1. fused_out and out are [M,H] of `dtype`; out may alias either input.

@@ -20,8 +20,8 @@ class StreamTask {
   explicit StreamTask(std::function<void()> work) : work_(std::move(work)) {}
   bool done() const;
   // Blocks until the task has run, or for at most timeout_s seconds (< 0: no limit): polls for the stream's
-  // spin_us (yielding between polls) when its team leaves a processor free, then sleeps. Returns whether it ran; rethrows the task's
-  // exception (every time it is waited on).
+  // spin_us (yielding between polls) when its team leaves a processor free, then sleeps. Returns whether it
+  // ran; rethrows the task's exception (every time it is waited on).
   bool wait(double timeout_s) const;
 
  private:

@@ -73,13 +73,16 @@ void check_args(const FusedMoeArgs& a) {
   for (int64_t i = 0; i < a.M * a.k; ++i)
     if (!std::isfinite(a.topk_weights[i]))
       throw ValueError(msg("topk_weights[", i / a.k, ", ", i % a.k, "] = ", a.topk_weights[i], " is not finite"));
-  for (int64_t i = 0; i < a.M * a.H; ++i)
-    if (!std::isfinite(load(a.x, a.dtype, i)))
-      throw ValueError(msg("hidden_states[", i / a.H, ", ", i % a.H, "] is not finite (",
-                           load(a.x, a.dtype, i), ")"));
+  check_finite_hidden_states(a.x, a.dtype, a.M, a.H);
 }
 
 }  // namespace
+
+void check_finite_hidden_states(const void* x, DType dtype, int64_t M, int64_t H) {
+  for (int64_t i = 0; i < M * H; ++i)
+    if (!std::isfinite(load(x, dtype, i)))
+      throw ValueError(msg("hidden_states[", i / H, ", ", i % H, "] is not finite (", load(x, dtype, i), ")"));
+}
 
 void check_scheme_pair(const PackedExperts& w13, const PackedExperts& w2, const char* what) {
   const Scheme s13 = w13.run_scheme(), s2 = w2.run_scheme();

@@ -59,17 +59,10 @@ void dots(const void* x, DType dt, int64_t M, int64_t H, const float* w, int64_t
   });
 }
 
-float load_x(const void* x, DType t, int64_t i) {
-  return t == DType::kF32 ? static_cast<const float*>(x)[i] : bf16_to_float(static_cast<const uint16_t*>(x)[i]);
-}
-
 }  // namespace
 
 void check_moe_layer(const MoeLayerArgs& l) {  // fused_experts' own check of x, before the router sees it
-  const FusedMoeArgs& a = l.experts;
-  for (int64_t i = 0; i < a.M * a.H; ++i)
-    if (!std::isfinite(load_x(a.x, a.dtype, i)))
-      throw ValueError(msg("hidden_states[", i / a.H, ", ", i % a.H, "] is not finite (", load_x(a.x, a.dtype, i), ")"));
+  check_finite_hidden_states(l.experts.x, l.experts.dtype, l.experts.M, l.experts.H);
 }
 
 void router_logits(const void* x, DType dtype, int64_t M, int64_t H, const float* gate, int64_t E,
@@ -109,7 +102,7 @@ void moe_layer(const MoeLayerArgs& a) {
   const float* xs = static_cast<const float*>(x.x);
   if (x.dtype != DType::kF32) {
     xf.resize(size_t(M * H));
-    for (int64_t i = 0; i < M * H; ++i) xf[size_t(i)] = load_x(x.x, x.dtype, i);
+    for (int64_t i = 0; i < M * H; ++i) xf[size_t(i)] = bf16_to_float(static_cast<const uint16_t*>(x.x)[i]);
     xs = xf.data();
   }
   shared_gate(xs, DType::kF32, M, H, a.shared_gate, g.data());

@@ -22,6 +22,16 @@ inline void cpu_relax() {
   asm volatile("yield");
 #endif
 }
+// Polls ready() until it holds or `until` passes, yielding the core between polls (so a thread that wants this
+// core runs at once); returns ready().
+template <class F>
+bool poll_until(F ready, Clock::time_point until) {
+  while (!ready() && Clock::now() < until) {
+    for (int i = 0; i < 16; ++i) cpu_relax();
+    std::this_thread::yield();
+  }
+  return ready();
+}
 }  // namespace
 
 void StreamTask::run() {
@@ -48,10 +58,7 @@ bool StreamTask::wait(double timeout_s) const {
     const auto until = after(timeout_s < 0 ? 1e-6 * double(spin_us_) : std::min(timeout_s, 1e-6 * double(spin_us_)));
     // Yields between polls: should the scheduler put this waiter beside a compute thread after all, the thread
     // runs. (Polling with pause alone: int4 decode 1.01-1.15x the blocking call in three runs, against 0.98-1.00.)
-    while (!done_.load(std::memory_order_acquire) && Clock::now() < until) {
-      for (int i = 0; i < 16; ++i) cpu_relax();
-      std::this_thread::yield();
-    }
+    poll_until([this] { return done_.load(std::memory_order_acquire); }, until);
   }
   if (!done_.load(std::memory_order_acquire)) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -122,12 +129,9 @@ void Stream::loop() {
     if (queue_.empty() && !closing_ && spin_us_ > 0) {  // poll a while: the next decode step comes soon
       const auto until = Clock::now() + std::chrono::microseconds(spin_us_);
       lock.unlock();
-      // Polls an atomic (submit never waits for the lock) and yields the core between polls, so a caller
-      // that wakes on this core (a host with fewer cores than threads) runs at once.
-      while (queued_.load(std::memory_order_acquire) == 0 && Clock::now() < until) {
-        for (int i = 0; i < 16; ++i) cpu_relax();
-        std::this_thread::yield();
-      }
+      // Polls an atomic (submit never waits for the lock); a caller that wakes on this core (a host with fewer
+      // cores than threads) runs at once.
+      poll_until([this] { return queued_.load(std::memory_order_acquire) != 0; }, until);
       lock.lock();
     }
     sleeping_ = true;

@@ -3,16 +3,16 @@ on the Qwen3-30B-A3B shape (H=2048, I=768, E=128, k=8), every figure a ratio or 
 
   idle       the process's CPU time over 2 s of an idle open stream, in % of one core;
   submit     the time Stream.submit takes to return at M=1 (median; the worker idle and spinning, or asleep);
-  decode     submit + wait against the blocking fused_experts at M=1, per scheme: blocks of 20 calls alternate
-             (ABBA), each call on new routing (cold weights); the median of the per-round ratios (paired: the host's
-             swings cancel);
+  decode     submit + wait against the blocking fused_experts at M=1, per scheme: blocks of 4 calls alternate
+             (ABBA), each call on new routing (cold weights) and timed alone; the ratio of the median call times and
+             of their 10th percentiles (paired: the host's swings hit both sides);
   overlap    a GPU stand-in: the caller sleeps T (GIL released, no CPU) between submit and wait, T = 0.5, 1, 2 x
              t_experts. wall / max(T_slept, t_experts), T_slept and t_experts timed alone just before (median triplet);
   loop       KTransformers' decode loop over L layers: submit the routed experts, the "GPU part" (sleep T = t_experts),
              wait, combine; tokens/s against the same loop run serially (sleep, then the blocking call), and with
              kt-kernel's CPUInfer submit / sync in the same loop where kt-kernel 0.7.2 is installed (--kt-peer).
 
-    python bench/stream_overlap.py [--schemes int4_w4a8,...] [--rounds 15] [--layers 4] [--kt-peer]
+    python bench/stream_overlap.py [--schemes int4_w4a8,...] [--rounds 100] [--layers 4] [--kt-peer]
 """
 import argparse
 import os
@@ -36,6 +36,30 @@ def steal_ms():
             return int(f.readline().split()[8]) * 1000.0 / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def caller_cpus(t):
+    """The two CPUs the caller alternates between, round by round, beside a 1-thread stream (None otherwise). The
+    stream computes on another CPU than its caller, the blocking call on the caller's; a VM's vCPUs can differ by up
+    to 9% in speed (another guest on one of them), which alternating cancels. Only for t = 1: the blocking calls
+    then start no OpenMP threads that would inherit the pinned mask, and the stream's worker exists before."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return cpus[:2] if t == 1 and len(cpus) >= 2 else None
+
+
+class pinned:
+    """Pins the calling thread to `cpu` (None: leaves it) and restores its mask on exit."""
+    def __init__(self, cpu):
+        self.cpu = cpu
+
+    def __enter__(self):
+        if self.cpu is not None:
+            self.mask = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {self.cpu})
+
+    def __exit__(self, *exc):
+        if self.cpu is not None:
+            os.sched_setaffinity(0, self.mask)
 
 
 def pack(rng, scheme):
@@ -64,17 +88,22 @@ def submit_latency(s, w13, w2, route, x, tw, n=200, gap=0.0):
     return statistics.median(ts) * 1e6
 
 
-def decode_ratio(s, w13, w2, route, x, tw, rounds, reps=20):
-    """Paired rounds: `reps` blocking calls and `reps` submit + wait (the two blocks in ABBA order, each call on new
-    routing, the first call of a block not timed: the other side's threads settle); the median of the per-round
-    ratios, and the blocking call's median time."""
-    def block(fn):
+def decode_ratio(s, w13, w2, route, x, tw, rounds, reps=4):
+    """Paired rounds: a block of blocking calls and a block of submit + wait, in ABBA order, each call on new
+    routing and timed alone; the first call of a block is not timed (the other side's threads settle). Short blocks
+    keep both sides in the same few milliseconds of a noisy host. Returns (ratio of the median call times, ratio of
+    their 10th percentiles, the blocking call's median time): the 10th percentile drops the calls another guest
+    slowed down, and keeps a cost the stream adds to every call. Beside a 1-thread stream the caller alternates
+    between two CPUs (caller_cpus)."""
+    a, b = [], []
+
+    def block(fn, times):
         fn(route.next(1))
-        idss = [route.next(1) for _ in range(reps)]
-        t0 = time.perf_counter()
-        for ids in idss:
+        for _ in range(reps):
+            ids = route.next(1)
+            t0 = time.perf_counter()
             fn(ids)
-        return (time.perf_counter() - t0) / reps
+            times.append(time.perf_counter() - t0)
 
     def blocking(ids):
         moe_cpu.fused_experts(x, w13, w2, tw, ids)
@@ -82,37 +111,46 @@ def decode_ratio(s, w13, w2, route, x, tw, rounds, reps=20):
     def streamed(ids):
         s.submit(x, w13, w2, tw, ids).wait()
 
-    ratios, tb = [], []
+    cpus = caller_cpus(s.num_threads)
     for i in range(rounds):
-        a, b = (block(blocking), block(streamed)) if i % 2 == 0 else reversed((block(streamed), block(blocking)))
-        ratios.append(b / a), tb.append(a)
-    return statistics.median(ratios), statistics.median(tb)
+        with pinned(cpus and cpus[(i // 2) % 2]):
+            for fn, times in ((blocking, a), (streamed, b))[::1 if i % 2 == 0 else -1]:
+                block(fn, times)
+    pa, pb = np.percentile(a, [10, 50]), np.percentile(b, [10, 50])
+    return pb[1] / pa[1], pb[0] / pa[0], pa[1]
 
 
-def overlap(s, w13, w2, route, x, tw, t_exp, rounds, reps=10):
+def overlap(s, w13, w2, route, x, tw, t_exp, n):
     """Per T: triplets of (sleep T alone, the blocking call alone, submit + sleep T + wait), each triplet's
-    wall / max(slept, t_exp); the median triplet."""
-    rows = []
+    wall / max(slept, t_exp); the median triplet. Beside a 1-thread stream the caller alternates between two CPUs
+    (caller_cpus)."""
+    rows, cpus = [], caller_cpus(s.num_threads)
     for f in (0.5, 1.0, 2.0):
         T, r = f * t_exp, []
-        for _ in range(rounds * reps):
-            t0 = time.perf_counter()
-            time.sleep(T)
-            slept = time.perf_counter() - t0
-            ids = route.next(1)
-            t0 = time.perf_counter()
-            moe_cpu.fused_experts(x, w13, w2, tw, ids)
-            te = time.perf_counter() - t0
-            ids = route.next(1)
-            t0 = time.perf_counter()
-            h = s.submit(x, w13, w2, tw, ids)
-            time.sleep(T)
-            h.wait()
-            wall = time.perf_counter() - t0
-            r.append((wall / max(slept, te), wall, slept, te))
+        for i in range(n):
+            with pinned(cpus and cpus[i % 2]):
+                r.append(triplet(s, w13, w2, route, x, tw, T))
         med = sorted(r)[len(r) // 2]
         rows.append((f, *med))
     return rows
+
+
+def triplet(s, w13, w2, route, x, tw, T):
+    """(wall / max(slept, te), wall, slept, te): sleep T alone, the blocking call alone (te), submit + sleep + wait."""
+    t0 = time.perf_counter()
+    time.sleep(T)
+    slept = time.perf_counter() - t0
+    ids = route.next(1)
+    t0 = time.perf_counter()
+    moe_cpu.fused_experts(x, w13, w2, tw, ids)
+    te = time.perf_counter() - t0
+    ids = route.next(1)
+    t0 = time.perf_counter()
+    h = s.submit(x, w13, w2, tw, ids)
+    time.sleep(T)
+    h.wait()
+    wall = time.perf_counter() - t0
+    return wall / max(slept, te), wall, slept, te
 
 
 def spin_sweep(w13, w2, route, x, tw, rounds, spins=(0, 50, 200, 1000, 3000), n=100):
@@ -160,7 +198,7 @@ def main():
     global dummy
     ap = argparse.ArgumentParser()
     ap.add_argument("--schemes", default=",".join(ALL))
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--kt-peer", action="store_true")
     ap.add_argument("--spin-sweep", action="store_true", help="submit latency and idle CPU per spin_us")
@@ -180,9 +218,10 @@ def main():
     route = Routing(rng, E, K)
     st0 = steal_ms()
     counts = sorted({n, max(1, n - 1)}, reverse=True)
-    print(f"\ndecode M=1: submit + wait / blocking fused_experts (both on t threads), median of {a.rounds} ABBA "
-          f"rounds of 20 calls each")
-    print(f"{'scheme':>12} {'kernel':>22}" + "".join(f"{'blocking ms t=%d' % t:>18}{'ratio':>7}" for t in counts))
+    print(f"\ndecode M=1: submit + wait / blocking fused_experts (both on t threads), {a.rounds} ABBA rounds of "
+          f"blocks of 4 calls; ratios of the median call times (p50) and of their 10th percentiles (p10)")
+    print(f"{'scheme':>12} {'kernel':>22}" + "".join(f"{'blocking ms t=%d' % t:>18}{'p50':>7}{'p10':>7}"
+                                                      for t in counts))
     for sch in schemes:
         p13, p2 = packed[sch]
         row = f"{sch:>12} {p13.kernel:>22}"
@@ -190,10 +229,10 @@ def main():
             moe_cpu.set_num_threads(t)
             try:
                 with moe_cpu.Stream(t) as s:
-                    r, tb = decode_ratio(s, p13, p2, route, x, tw, a.rounds)
+                    r, r10, tb = decode_ratio(s, p13, p2, route, x, tw, a.rounds)
             finally:
                 moe_cpu.set_num_threads(n)
-            row += f"{tb * 1e3:18.3f}{r:7.3f}"
+            row += f"{tb * 1e3:18.3f}{r:7.3f}{r10:7.3f}"
         print(row)
     print(f"(steal time during the table: {steal_ms() - st0:.0f} ms)")
     sch = schemes[0]
@@ -216,9 +255,9 @@ def overlap_section(s, nt, rng, sch, w13, w2, route, x, tw, a):
           f"(worker polling), {submit_latency(s, w13, w2, route, x, tw, n=100, gap=0.002):.1f} us after 2 ms "
           f"idle (worker asleep)")
     t_exp = statistics.median(timed_blocking(w13, w2, route, x, tw) for _ in range(5))
-    print(f"GPU stand-in: submit, sleep T, wait; the median of {a.rounds * 10} triplets; t_exp {t_exp * 1e3:.3f} ms")
+    print(f"GPU stand-in: submit, sleep T, wait; the median of {a.rounds * 2} triplets; t_exp {t_exp * 1e3:.3f} ms")
     print(f"{'T/t_exp':>8} {'wall/max':>9} {'wall ms':>8} {'T slept ms':>11} {'t_exp ms':>9}")
-    for f, ratio, wall, slept, te in overlap(s, w13, w2, route, x, tw, t_exp, a.rounds):
+    for f, ratio, wall, slept, te in overlap(s, w13, w2, route, x, tw, t_exp, a.rounds * 2):
         print(f"{f:8.1f} {ratio:9.3f} {wall * 1e3:8.3f} {slept * 1e3:11.3f} {te * 1e3:9.3f}")
 
     L, T = a.layers, t_exp

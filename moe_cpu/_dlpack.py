@@ -23,9 +23,22 @@ from . import _core
 _PLAIN = (np.ndarray, type(None), bool, int, float, str, list, tuple)
 
 
+class _ForeignTypes(dict):
+    """type -> whether its objects are foreign arrays, filled on first sight (every argument of every call)."""
+    def __missing__(self, t: type) -> bool:
+        if len(self) >= 256:   # classes made on the fly: keep the cache small
+            self.clear()
+        r = self[t] = not issubclass(t, _PLAIN) and hasattr(t, "__dlpack__")
+        return r
+
+
+_FOREIGN_TYPE = _ForeignTypes()
+_foreign_type = _FOREIGN_TYPE.__getitem__
+
+
 def is_foreign(v: object) -> bool:
     """An array from another library (has ``__dlpack__``; NumPy arrays are not foreign)."""
-    return not isinstance(v, _PLAIN) and hasattr(type(v), "__dlpack__")
+    return _foreign_type(type(v))
 
 
 def library_of(v: object) -> str:
@@ -79,7 +92,8 @@ def accepts_dlpack(*names: str, bf16_from: Optional[str] = None) -> Callable[[Ca
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not any(map(is_foreign, args)) and not any(map(is_foreign, kwargs.values())):
+            if not any(map(_foreign_type, map(type, args))) and not (
+                    kwargs and any(map(_foreign_type, map(type, kwargs.values())))):
                 return fn(*args, **kwargs)   # NumPy callers: no binding, no conversion
             bound = sig.bind(*args, **kwargs)
             lib, bf16, given = None, False, {}

@@ -8,8 +8,9 @@ of compute threads) in submission order while the caller goes on, the CPU half o
         y = h.wait()                                       # the output; a run-time error raises here
 
 A task holds every array and PackedExperts it reads or writes until it has run: ``del x`` after ``submit`` is
-safe. Between tasks the worker polls for ``spin_us`` microseconds, then sleeps; ``wait`` polls as long before it
-sleeps.
+safe. Between tasks the worker polls for ``spin_us`` microseconds, then sleeps. Where the stream's team leaves a
+processor free, ``wait`` polls for ``spin_us`` plus twice the last task's run time (that part at most 0.1 s),
+then sleeps.
 """
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ from .api import _act_name, _bf16_bits, _int_arg, _wrap_out
 __all__ = ["Stream", "PendingExperts", "Capture", "DEFAULT_SPIN_US"]
 
 # How long an idle worker polls for the next task, and a waiter for its task, before sleeping (yielding the core
-# between polls). On the Zen 4 VM of docs/hybrid.md a futex wake-up costs the woken thread tens of microseconds:
-# polling 1000 us covers a decode step's experts (0.8-1.5 ms at M=1) and a GPU part of up to 1 ms, and took the
-# paired decode ratio from 1.09 (0 us) and 1.05 (200 us) to 0.99 (bench/stream_overlap.py). An idle stream
-# burns at most that once per task, then sleeps.
+# between polls; a waiter adds twice the last task's run). On the Zen 4 VM of docs/hybrid.md a futex wake-up costs
+# the woken thread 20-100 microseconds: polling 1000 us covers a GPU part of up to 1 ms between a decode step's
+# tasks, and took submit from 27 us (0 us) to 17 us (bench/stream_overlap.py --spin-sweep). An idle stream burns
+# at most that once per task, then sleeps.
 DEFAULT_SPIN_US = 1000
 
 _LIVE: "weakref.WeakSet[Stream]" = weakref.WeakSet()
@@ -110,8 +111,10 @@ class Stream:
     Args:
         num_threads: the team of each task (default: ``moe_cpu.get_num_threads()``). Streams and blocking
             calls run at once, each with its own threads: the counts add up (see docs/hybrid.md).
-        spin_us: microseconds the idle worker polls for the next task, and ``wait`` for its task, before they
-            sleep (0: sleep at once). Polls yield the core to any other thread that wants it.
+        spin_us: microseconds the idle worker polls for the next task before it sleeps (0: sleep at once). Where
+            the team leaves a processor free, ``wait`` polls for ``spin_us`` plus twice the last task's run time
+            (that part at most 0.1 s; none with ``spin_us=0``), then sleeps. Polls yield the core to any other
+            thread that wants it.
     """
 
     def __init__(self, num_threads: Optional[int] = None, *, spin_us: int = DEFAULT_SPIN_US):
@@ -140,7 +143,7 @@ class Stream:
         Every argument check of ``fused_experts`` raises here, and then nothing is queued."""
         task = self._core.submit_fused(_bf16_bits(hidden_states), w13, w2, topk_weights, topk_ids,
                                        _act_name(activation), bool(apply_router_weight_on_input), w13_bias, w2_bias,
-                                       expert_map, _bf16_bits(out), bool(inplace))
+                                       expert_map, None if out is None else _bf16_bits(out), bool(inplace))
         p = PendingExperts(task, hidden_states, out, bool(inplace))
         self._prune(p)   # held until the task has run (the worker reads its arrays)
         return p

@@ -65,6 +65,28 @@ TEST(Stream, WaitTimesOutAndTheTaskStillCompletes) {
   }
 }
 
+TEST(Stream, WaitPollsPastTheLastRunThenSleepsAndKeepsItsTimeout) {
+  // Where the team leaves a processor free, wait() polls for spin_us plus twice the last run, at most 0.1 s
+  // (here 0.1 s): a timeout still bounds it, and a task that outlasts the poll wakes its sleeping waiter.
+  Stream s(1, 100);
+  auto first = task([] { std::this_thread::sleep_for(std::chrono::milliseconds(150)); });
+  s.submit(first);
+  ASSERT_TRUE(first->wait(-1));
+  std::atomic<bool> go{false};
+  auto t = task([&] { while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
+  s.submit(t);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(t->wait(0.01));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.09);
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(450));  // past the poll: the waiter sleeps
+    go = true;
+  });
+  EXPECT_TRUE(t->wait(-1));
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.45);
+  release.join();
+}
+
 TEST(Stream, CloseRunsWhatIsQueuedAndRefusesMore) {
   std::atomic<int> n{0};
   std::vector<std::shared_ptr<StreamTask>> ts;

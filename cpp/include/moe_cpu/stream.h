@@ -19,9 +19,10 @@ class StreamTask {
  public:
   explicit StreamTask(std::function<void()> work) : work_(std::move(work)) {}
   bool done() const;
-  // Blocks until the task has run, or for at most timeout_s seconds (< 0: no limit): polls for the stream's
-  // spin_us (yielding between polls) when its team leaves a processor free, then sleeps. Returns whether it
-  // ran; rethrows the task's exception (every time it is waited on).
+  // Blocks until the task has run, or for at most timeout_s seconds (< 0: no limit): when the stream's team
+  // leaves a processor free, polls (yielding between polls) for the stream's spin_us plus twice its last task's
+  // run time (that part at most 0.1 s), then sleeps. Returns whether it ran; rethrows the task's exception
+  // (every time it is waited on).
   bool wait(double timeout_s) const;
 
  private:
@@ -58,9 +59,11 @@ class Stream {
  private:
   void loop();
   const int64_t threads_, spin_us_;
+  const int64_t wait_spin_us_;  // spin_us_ where the team leaves a processor free (wait() may poll), else 0
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
   std::deque<std::shared_ptr<StreamTask>> queue_;
+  std::atomic<int64_t> last_run_us_{0};  // the last task's run time (how long wait() polls)
   std::atomic<uint64_t> queued_{0};  // tasks in queue_ (the spinning worker polls it without the lock)
   bool closing_ = false, sleeping_ = false;
   uint64_t submitted_ = 0, finished_ = 0;

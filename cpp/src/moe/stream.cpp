@@ -74,7 +74,11 @@ bool StreamTask::wait(double timeout_s) const {
   return true;
 }
 
-Stream::Stream(int64_t num_threads, int64_t spin_us) : threads_(num_threads), spin_us_(spin_us) {
+// A waiter polls only beside a team that leaves it a processor: where the team has every processor, its polls
+// would take turns with the compute threads (measured: decode calls up to 1.5x slower). The processor count is
+// read once (a system call).
+Stream::Stream(int64_t num_threads, int64_t spin_us)
+    : threads_(num_threads), spin_us_(spin_us), wait_spin_us_(num_threads < num_procs() ? spin_us : 0) {
   if (num_threads < 1 || num_threads > max_num_threads())
     throw ValueError(msg("num_threads = ", num_threads, " must be in [1, ", max_num_threads(), "]"));
   if (spin_us < 0 || spin_us > 1000000)
@@ -89,9 +93,10 @@ void Stream::submit(std::shared_ptr<StreamTask> t) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closing_) throw ValueError("this Stream is closed: submit to an open one");
-    // A waiter polls only beside a team that leaves it a processor: where the team has every processor, its
-    // polls would take turns with the compute threads (measured: decode calls up to 1.5x slower).
-    t->spin_us_ = threads_ < num_procs() ? spin_us_ : 0;
+    // Polls past the task's likely run (twice the last one, at most 0.1 s): a wake-up from sleep cost the caller
+    // 20-100 us on the VM of docs/hybrid.md (int8 decode, 1.5 ms: 1.02-1.07x the blocking call with a 1 ms poll).
+    const int64_t run_us = last_run_us_.load(std::memory_order_relaxed);
+    t->spin_us_ = wait_spin_us_ ? wait_spin_us_ + std::min<int64_t>(2 * run_us, 100000) : 0;
     queue_.push_back(std::move(t));
     queued_.fetch_add(1, std::memory_order_release);
     ++submitted_;
@@ -142,7 +147,10 @@ void Stream::loop() {
     queue_.pop_front();
     queued_.fetch_sub(1, std::memory_order_relaxed);
     lock.unlock();
+    const auto t0 = Clock::now();
     t->run();
+    last_run_us_.store(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count(),
+                       std::memory_order_relaxed);
     t.reset();
     lock.lock();
     ++finished_;

@@ -31,8 +31,8 @@ __all__ = ["Stream", "PendingExperts", "Capture", "DEFAULT_SPIN_US"]
 # How long an idle worker polls for the next task, and a waiter for its task, before sleeping (yielding the core
 # between polls; a waiter adds twice the last task's run). On the Zen 4 VM of docs/hybrid.md a futex wake-up costs
 # the woken thread 20-100 microseconds: polling 1000 us covers a GPU part of up to 1 ms between a decode step's
-# tasks, and took submit from 27 us (0 us) to 17 us (bench/stream_overlap.py --spin-sweep). An idle stream burns
-# at most that once per task, then sleeps.
+# tasks (submit after a 0.5 ms gap: 18-24 us, against 25-38 us with 0-200 us; bench/stream_overlap.py
+# --spin-sweep). An idle stream burns at most that once per task, then sleeps.
 DEFAULT_SPIN_US = 1000
 
 _LIVE: "weakref.WeakSet[Stream]" = weakref.WeakSet()

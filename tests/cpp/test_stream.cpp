@@ -15,6 +15,13 @@ namespace moe_cpu {
 namespace {
 
 std::shared_ptr<StreamTask> task(std::function<void()> f) { return std::make_shared<StreamTask>(std::move(f)); }
+// A task that runs until `go` is set.
+std::shared_ptr<StreamTask> gated_task(std::atomic<bool>& go) {
+  return task([&go] { while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
+}
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 TEST(Stream, RunsTasksInSubmissionOrderOnItsOwnTeam) {
   Stream s(3, 50);
@@ -54,11 +61,11 @@ TEST(Stream, WaitTimesOutAndTheTaskStillCompletes) {
   for (int64_t spin : {int64_t(0), int64_t(500000)}) {  // a waiter's polling counts against its timeout
     Stream s(1, spin);
     std::atomic<bool> go{false};
-    auto t = task([&] { while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
+    auto t = gated_task(go);
     s.submit(t);
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_FALSE(t->wait(0.01));
-    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.25);
+    EXPECT_LT(seconds_since(t0), 0.25);
     EXPECT_FALSE(t->done());
     go = true;
     EXPECT_TRUE(t->wait(-1));
@@ -73,17 +80,17 @@ TEST(Stream, WaitPollsPastTheLastRunThenSleepsAndKeepsItsTimeout) {
   s.submit(first);
   ASSERT_TRUE(first->wait(-1));
   std::atomic<bool> go{false};
-  auto t = task([&] { while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
+  auto t = gated_task(go);
   s.submit(t);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_FALSE(t->wait(0.01));
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.09);
+  EXPECT_LT(seconds_since(t0), 0.09);
   std::thread release([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(450));  // past the poll: the waiter sleeps
     go = true;
   });
   EXPECT_TRUE(t->wait(-1));
-  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.45);
+  EXPECT_GE(seconds_since(t0), 0.45);
   release.join();
 }
 

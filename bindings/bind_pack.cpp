@@ -97,8 +97,9 @@ py::object g_idx_of(const PackedExperts& p) {
 }
 
 // k_perm [E, K] int32 (empty: None), set on freshly packed weights.
-Ptr with_k_perm(PackedExperts&& p, const std::vector<int32_t>& kp) {
+Ptr with_k_perm(PackedExperts&& p, const std::vector<int32_t>& kp, int64_t act_block = 0) {
   if (!kp.empty()) set_k_perm(p, kp.data());
+  if (act_block) set_act_block(p, act_block);
   return share(std::move(p));
 }
 std::vector<int32_t> k_perm_arg(py::handle h, int64_t E, int64_t K) {
@@ -181,6 +182,11 @@ void bind_pack(py::module_& m) {
                              "True when the kernel holds the int4 group scales as d * int8 per run of 8 groups (K-quant and "
                              "IQ4_XS scales, AVX-512 VNNI kernel): exact, 1.5 bytes per group and column instead of 4. "
                              "unpack() gives the same floats.")
+      .def_property_readonly("act_block", [](const PackedExperts& p) -> py::object {
+        if (!p.act_block) return py::none();
+        return py::int_(p.act_block);
+      }, "A8 int weights: the activation block B (one int8 scale per B channels of each token), or None for one "
+         "scale per token (and for A16 / fp8 / bf16 weights). See docs/numerics.md.")
       .def_property_readonly("codebook", &codebook_of, "int4 with a codebook: int8 [16], the value of each 4-bit code; else None.")
       .def_property_readonly("form", [](const PackedExperts& p) { return p.form(); },
                              "The weight form: int4, int4+zeros, int4+codebook, int4+mins, int4+codebook+mins, "
@@ -207,12 +213,14 @@ void bind_pack(py::module_& m) {
            "moe_cpu.load_packed maps it back without a copy.")
       .def("__repr__", [](const PackedExperts& p) {
         return msg("PackedExperts(scheme=", scheme_name(p.run_scheme()), ", form=", p.form(), ", E=", p.num_experts, ", N=", p.out_features,
-                   ", K=", p.in_features, ", group_size=", p.group_size, ", kernel=", p.kernel->name,
+                   ", K=", p.in_features, ", group_size=", p.group_size,
+                   is_int_scheme(p.scheme) && !p.a16 ? (p.act_block ? msg(", act_block=", p.act_block) : std::string(", act_block=None")) : std::string(),
+                   ", kernel=", p.kernel->name,
                    ", nbytes=", p.nbytes(), ")");
       });
 
   m.def("pack_int4", [](py::handle q_h, py::handle s_h, int64_t group, py::handle z_h, py::handle cb_h, py::handle m_h,
-                        py::handle kp_h, const std::string& scheme) {
+                        py::handle kp_h, const std::string& scheme, int64_t act_block) {
     const bool a16 = a16_arg(scheme, Scheme::kInt4W4A8, "pack_int4");
     const bool zp = !z_h.is_none(), cb = !cb_h.is_none();
     auto q = array_arg(q_h, "qweight", {zp || cb ? ElemType::kU8 : ElemType::kI8}, 3);
@@ -235,11 +243,12 @@ void bind_pack(py::module_& m) {
     return with_k_perm(pack_int4(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
                                  zp ? static_cast<const uint8_t*>(z.data()) : nullptr,
                                  cb ? static_cast<const int8_t*>(c.data()) : nullptr, mf.empty() ? nullptr : mf.data(), a16),
-                       kp);
+                       kp, act_block);
   }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("zeros"), py::arg("codebook"),
-     py::arg("mins"), py::arg("k_perm") = py::none(), py::arg("scheme") = "int4_w4a8");
+     py::arg("mins"), py::arg("k_perm") = py::none(), py::arg("scheme") = "int4_w4a8", py::arg("act_block") = 0);
 
-  m.def("pack_int8", [](py::handle q_h, py::handle s_h, int64_t group, py::handle m_h, py::handle kp_h, const std::string& scheme) {
+  m.def("pack_int8", [](py::handle q_h, py::handle s_h, int64_t group, py::handle m_h, py::handle kp_h, const std::string& scheme,
+                        int64_t act_block) {
     const bool a16 = a16_arg(scheme, Scheme::kInt8W8A8, "pack_int8");
     auto q = array_arg(q_h, "qweight", {ElemType::kI8}, 3);
     const int64_t E = q.shape(0), N = q.shape(1), K = q.shape(2);
@@ -250,9 +259,9 @@ void bind_pack(py::module_& m) {
     const std::vector<int32_t> kp = k_perm_arg(kp_h, E, K);
     py::gil_scoped_release nogil;
     return with_k_perm(pack_int8(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
-                                 mf.empty() ? nullptr : mf.data(), a16), kp);
+                                 mf.empty() ? nullptr : mf.data(), a16), kp, act_block);
   }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("mins"), py::arg("k_perm") = py::none(),
-     py::arg("scheme") = "int8_w8a8");
+     py::arg("scheme") = "int8_w8a8", py::arg("act_block") = 0);
 
   m.def("pack_fp8", [](py::handle w_h, py::handle s_h, int64_t bn, int64_t bk) {
     auto w = array_arg(w_h, "weight", {ElemType::kU8}, 3);
@@ -271,13 +280,13 @@ void bind_pack(py::module_& m) {
     return share(pack_bf16(static_cast<const uint16_t*>(w.data()), w.shape(0), w.shape(1), w.shape(2)));
   }, py::arg("weight"));
 
-  m.def("quantize_experts", [](py::handle w_h, const std::string& scheme, int64_t group, int64_t bn, int64_t bk) {
+  m.def("quantize_experts", [](py::handle w_h, const std::string& scheme, int64_t group, int64_t bn, int64_t bk, int64_t act_block) {
     auto w = array_arg(w_h, "w", {ElemType::kF32}, 3);
     const Scheme s = parse_scheme(scheme);
     py::gil_scoped_release nogil;
-    return share(quantize_experts(static_cast<const float*>(w.data()), w.shape(0), w.shape(1), w.shape(2), s,
-                                  group, bn, bk));
-  }, py::arg("w"), py::arg("scheme"), py::arg("group_size"), py::arg("block_n"), py::arg("block_k"));
+    return with_k_perm(quantize_experts(static_cast<const float*>(w.data()), w.shape(0), w.shape(1), w.shape(2), s,
+                                        group, bn, bk), {}, act_block);
+  }, py::arg("w"), py::arg("scheme"), py::arg("group_size"), py::arg("block_n"), py::arg("block_k"), py::arg("act_block") = 0);
 
   m.def("load_packed", [](const std::string& path, bool use_mmap, bool verify) {
     py::gil_scoped_release nogil;

@@ -23,7 +23,7 @@ __all__ = [
     "fused_experts", "shared_expert", "select_experts", "moe_align_block_size",
     "dynamic_4bit_int_moe", "load_packed", "set_num_threads", "get_num_threads", "set_scratch_limit", "get_scratch_limit", "cpu_features", "force_isa",
     "set_amx_min_rows", "get_amx_min_rows",
-    "SCHEMES", "A8_SCHEMES", "A16_SCHEMES", "ACTIVATIONS",
+    "SCHEMES", "A8_SCHEMES", "A16_SCHEMES", "ACTIVATIONS", "ACT_BLOCKS",
 ]
 
 SCHEMES = ("int4_w4a8", "int8_w8a8", "fp8_w8a16", "bf16", "int4_w4a16", "int8_w8a16")
@@ -41,6 +41,22 @@ def _int_arg(v: object, name: str) -> int:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(v).__name__}")
     return int(v)
+
+
+ACT_BLOCKS = (32, 64, 128, 256)
+
+
+def _act_block_arg(act_block: object) -> int:
+    """None (one activation scale per token) -> 0; else a positive int the core checks against K and the groups."""
+    if act_block is None:
+        return 0
+    if isinstance(act_block, bool) or not isinstance(act_block, (int, np.integer)):
+        raise TypeError(f"act_block must be an int in {ACT_BLOCKS} or None (one scale per token), "
+                        f"got {type(act_block).__name__}")
+    if int(act_block) not in ACT_BLOCKS:
+        raise ValueError(f"act_block = {int(act_block)} is not supported: use one of {ACT_BLOCKS} "
+                         "(dividing K), or None for one scale per token")
+    return int(act_block)
 
 
 def _codebook_arg(codebook: object) -> object:
@@ -93,7 +109,7 @@ def _act_order(qweight: object, g_idx: object, group_size: int) -> Tuple[object,
 def pack_int4(qweight: np.ndarray, scales: np.ndarray, group_size: int = 128,
               zeros: Optional[np.ndarray] = None, *, codebook: object = None,
               mins: Optional[np.ndarray] = None, g_idx: Optional[np.ndarray] = None,
-              scheme: str = "int4_w4a8") -> PackedExperts:
+              scheme: str = "int4_w4a8", act_block: Optional[int] = None) -> PackedExperts:
     """Pack pre-quantized INT4 expert weights, run as W4A8 or W4A16.
 
     Args:
@@ -114,6 +130,9 @@ def pack_int4(qweight: np.ndarray, scales: np.ndarray, group_size: int = 128,
         scheme: "int4_w4a8" (each token's activations quantized to int8 at run time) or "int4_w4a16"
             (16-bit activations: int16 codes per token, what weight-only checkpoints such as GPTQ / AWQ
             were calibrated for; see docs/numerics.md).
+        act_block: W4A8 only: one int8 activation scale per ``act_block`` channels of each token (32, 64, 128 or
+            256, dividing K and nesting with the groups: dividing group_size or a multiple of it), as ggml's
+            Q8_0 / Q8_K blocks; None (default): one scale per token. See docs/numerics.md.
 
     Returns:
         PackedExperts; the dequantized weight is ``value * scale - min``, with value = q (symmetric),
@@ -123,21 +142,22 @@ def pack_int4(qweight: np.ndarray, scales: np.ndarray, group_size: int = 128,
     qweight, k_perm = _act_order(qweight, g_idx, g)
     return _core.pack_int4(qweight, _bf16_bits(scales), g, zeros,
                            _codebook_arg(codebook), None if mins is None else _bf16_bits(mins), k_perm,
-                           _scheme_arg(scheme))
+                           _scheme_arg(scheme), _act_block_arg(act_block))
 
 
 @accepts_dlpack("qweight", "scales", "mins", "g_idx")
 def pack_int8(qweight: np.ndarray, scales: np.ndarray, group_size: int = -1, *,
               mins: Optional[np.ndarray] = None, g_idx: Optional[np.ndarray] = None,
-              scheme: str = "int8_w8a8") -> PackedExperts:
+              scheme: str = "int8_w8a8", act_block: Optional[int] = None) -> PackedExperts:
     """Pack INT8 expert weights, run as W8A8 (``scheme="int8_w8a8"``) or W8A16 (``"int8_w8a16"``). scales: float32 ``[E, N]`` or ``[E, N, 1]`` per channel,
     or ``[E, N, K // group_size]`` with a group size that divides K (16 for GGUF Q6_K).
     mins: optional float32 group offsets of the scales' shape; the weight is ``q * scale - min``.
-    g_idx: optional act-order group map, as in ``pack_int4``."""
+    g_idx: optional act-order group map, as in ``pack_int4``.
+    act_block: W8A8 activation blocks, as in ``pack_int4``."""
     g = _int_arg(group_size, "group_size")
     qweight, k_perm = _act_order(qweight, g_idx, g)
     return _core.pack_int8(qweight, _bf16_bits(scales), g, None if mins is None else _bf16_bits(mins), k_perm,
-                           _scheme_arg(scheme))
+                           _scheme_arg(scheme), _act_block_arg(act_block))
 
 
 def _scheme_arg(scheme: object) -> str:
@@ -175,7 +195,7 @@ def pack_bf16(weight: np.ndarray) -> PackedExperts:
 
 @accepts_dlpack("w")
 def quantize_experts(w: np.ndarray, scheme: str, group_size: Optional[int] = None,
-                     block_size: Tuple[int, int] = (128, 128)) -> PackedExperts:
+                     block_size: Tuple[int, int] = (128, 128), act_block: Optional[int] = None) -> PackedExperts:
     """Quantize float32 expert weights ``[E, N, K]`` and pack them.
 
     Rules (float32 arithmetic, round half to even; an all-zero group gets scale 1):
@@ -187,6 +207,7 @@ def quantize_experts(w: np.ndarray, scheme: str, group_size: Optional[int] = Non
         scheme: "int4_w4a8", "int8_w8a8", "int4_w4a16", "int8_w8a16", "fp8_w8a16" or "bf16".
         group_size: int4 default 128, int8 default -1 (per channel); must be None for fp8 / bf16.
         block_size: fp8 ``(bn, bk)`` blocks.
+        act_block: int4_w4a8 / int8_w8a8: activation blocks, as in ``pack_int4``; None: one scale per token.
     """
     if not isinstance(scheme, str):
         raise TypeError(f"scheme must be a str, one of {SCHEMES}, got {type(scheme).__name__}")
@@ -198,7 +219,7 @@ def quantize_experts(w: np.ndarray, scheme: str, group_size: Optional[int] = Non
     else:
         g = (128 if scheme.startswith("int4") else -1) if group_size is None else _int_arg(group_size, "group_size")
     bn, bk = _block(block_size)
-    return _core.quantize_experts(w, scheme, g, bn, bk)
+    return _core.quantize_experts(w, scheme, g, bn, bk, _act_block_arg(act_block))
 
 
 def _act_name(activation: object) -> str:

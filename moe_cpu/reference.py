@@ -210,6 +210,18 @@ def quantize_activations_int8(x):
     return _quantize_activations(x, 127, np.int8)
 
 
+def quantize_activations_int8_blocks(x, block):
+    """A8 activation blocks: each run of `block` channels of each row quantized as a row of its own (s = amax/127,
+    1 if all zero; q = clamp(rint(x/s), -127, 127), float32 division, half to even).
+    float32 [R,K] (K % block == 0) -> (q int8 [R,K], s float32 [R, K // block])."""
+    x = np.asarray(x, dtype=np.float32)
+    R, K = x.shape
+    if block <= 0 or K % block:
+        raise ValueError(f"activation block {block} does not divide K = {K}")
+    q, s = _quantize_activations(x.reshape(R * (K // block), block), 127, np.int8)
+    return q.reshape(R, K), s.reshape(R, K // block)
+
+
 # ----------------------------------------------------------------------------------------------
 # Quantized weights
 # ----------------------------------------------------------------------------------------------
@@ -233,6 +245,7 @@ class RefWeights:
     codebook: np.ndarray | None = None
     mins: np.ndarray | None = None
     g_idx: np.ndarray | None = None
+    act_block: int | None = None   # A8 schemes: one activation scale per act_block channels of a row (None: per row)
 
     @property
     def shape(self):
@@ -245,22 +258,22 @@ class RefWeights:
 
     @classmethod
     def int4(cls, qweight, scales, group_size=128, zeros=None, codebook=None, mins=None, g_idx=None,
-             scheme="int4_w4a8"):
+             scheme="int4_w4a8", act_block=None):
         """int4_w4a8 (or int4_w4a16): qweight int8 [-8,7] (or uint8 [0,15] with zeros or codebook), scales
         f32/bf16 [E,N,G]."""
         if scheme not in ("int4_w4a8", "int4_w4a16"):
             raise ValueError(f"int4 weights run as int4_w4a8 or int4_w4a16, not {scheme!r}")
-        return cls._int(scheme, qweight, scales, group_size, zeros, codebook, mins, g_idx)
+        return cls._int(scheme, qweight, scales, group_size, zeros, codebook, mins, g_idx, act_block)
 
     @classmethod
-    def int8(cls, qweight, scales, group_size=-1, mins=None, g_idx=None, scheme="int8_w8a8"):
+    def int8(cls, qweight, scales, group_size=-1, mins=None, g_idx=None, scheme="int8_w8a8", act_block=None):
         """int8_w8a8 (or int8_w8a16): qweight int8, scales [E,N], [E,N,1] or [E,N,K//g]."""
         if scheme not in ("int8_w8a8", "int8_w8a16"):
             raise ValueError(f"int8 weights run as int8_w8a8 or int8_w8a16, not {scheme!r}")
-        return cls._int(scheme, qweight, scales, group_size, None, None, mins, g_idx)
+        return cls._int(scheme, qweight, scales, group_size, None, None, mins, g_idx, act_block)
 
     @classmethod
-    def _int(cls, scheme, qweight, scales, group_size, zeros, codebook=None, mins=None, g_idx=None):
+    def _int(cls, scheme, qweight, scales, group_size, zeros, codebook=None, mins=None, g_idx=None, act_block=None):
         q = np.asarray(qweight)
         E, N, K = q.shape
         s = to_float32_values(scales).reshape(E, N, -1)
@@ -268,9 +281,11 @@ class RefWeights:
         cb = None if codebook is None else np.asarray(codebook, np.int64).reshape(16)
         m = None if mins is None else to_float32_values(mins).reshape(E, N, -1)
         gi = None if g_idx is None else np.broadcast_to(np.asarray(g_idx, np.int64), (E, K))
-        w = cls(scheme, q, s, z, int(group_size), None, cb, m, gi)
+        w = cls(scheme, q, s, z, int(group_size), None, cb, m, gi, act_block)
         if s.shape[2] != K // w.group:
             raise ValueError(f"scales {s.shape} do not match K={K} and group_size={group_size}")
+        if act_block is not None and (scheme in A16 or K % act_block or gi is not None):
+            raise ValueError(f"act_block = {act_block}: A8 weights without g_idx whose K ({K}) it divides")
         return w
 
     @classmethod
@@ -290,14 +305,14 @@ class RefWeights:
         return cls("bf16", b, None, None, -1, None)
 
     @classmethod
-    def quantize(cls, w, scheme, group_size=None, block=(128, 128)):
+    def quantize(cls, w, scheme, group_size=None, block=(128, 128), act_block=None):
         """Quantize float32 [E,N,K] with the quantize_experts rules (same defaults)."""
         if scheme in ("int4_w4a8", "int4_w4a16"):
             g = 128 if group_size is None else group_size
-            return cls.int4(*quantize_int4(w, g), group_size=g, scheme=scheme)
+            return cls.int4(*quantize_int4(w, g), group_size=g, scheme=scheme, act_block=act_block)
         if scheme in ("int8_w8a8", "int8_w8a16"):
             g = -1 if group_size is None else group_size
-            return cls.int8(*quantize_int8(w, g), group_size=g, scheme=scheme)
+            return cls.int8(*quantize_int8(w, g), group_size=g, scheme=scheme, act_block=act_block)
         if scheme == "fp8_w8a16":
             return cls.fp8(*quantize_fp8(w, block), block=block)
         if scheme == "bf16":
@@ -338,13 +353,21 @@ class RefWeights:
         """One expert's GEMM as the scheme defines it: float32 rows a [R,K] -> float64 [R,N] (x @ W[e]^T).
 
         int: per-row int8 (A16: int16) activations, exact integer dots per weight group, x group scale, summed,
-        x row scale.
+        x row scale. A8 with act_block: int8 codes per block of act_block channels, each with its scale; the
+        result is the float64 product of those dequantized activations and the dequantized weights.
         fp8: bf16-rounded activations, dot per K block with e4m3 values, x the block's scale_inv.
         bf16: bf16-rounded activations x bf16 weights.
         """
         a = np.asarray(a, dtype=np.float32)
         R, K = a.shape
         N = self.codes.shape[1]
+        if self.scheme in INT_SCHEMES and self.act_block is not None:
+            qa, sa = quantize_activations_int8_blocks(a, self.act_block)
+            xa = qa.astype(np.float64) * np.repeat(sa.astype(np.float64), self.act_block, axis=1)
+            we = self._int_codes(e) * self._per_channel(self.scales[e].astype(np.float64), e)
+            if self.mins is not None:
+                we = we - self._per_channel(self.mins[e].astype(np.float64), e)
+            return xa @ we.T
         if self.scheme in INT_SCHEMES:
             qa, sa = quantize_activations_int16(a) if self.scheme in A16 else quantize_activations_int8(a)
             G = K // self.group

@@ -83,12 +83,12 @@ def float_weights(rng, E, N, K):
 
 
 def make_weights(rng, scheme, E, N, K, group_size=None, zeros=False, block=(128, 128), edge_codes=True,
-                 bf16_scales=False):
+                 bf16_scales=False, act_block=None):
     """Random quantized weights as (RefWeights, PackedExperts) holding the same codes.
 
     Codes come from the reference quantizers on Gaussian weights. With edge_codes, some -7 / -127
     codes become -8 / -128 (legal codes the quantizer never emits). zeros=True gives int4 with zero
-    points; bf16_scales passes int4 scales as ml_dtypes.bfloat16.
+    points; bf16_scales passes int4 scales as ml_dtypes.bfloat16; act_block sets A8 activation blocks.
     """
     import moe_cpu
 
@@ -104,14 +104,15 @@ def make_weights(rng, scheme, E, N, K, group_size=None, zeros=False, block=(128,
                 q[(q == -7) & (rng.random(q.shape) < 0.5)] = -8
         if bf16_scales:
             s = ref.bf16_round(s).astype(ml_dtypes.bfloat16)
-        return (ref.RefWeights.int4(q, s, g, z, scheme=scheme),
-                moe_cpu.pack_int4(q, s, group_size=g, zeros=z, scheme=scheme))
+        return (ref.RefWeights.int4(q, s, g, z, scheme=scheme, act_block=act_block),
+                moe_cpu.pack_int4(q, s, group_size=g, zeros=z, scheme=scheme, act_block=act_block))
     if scheme in ("int8_w8a8", "int8_w8a16"):
         g = -1 if group_size is None else group_size
         q, s = ref.quantize_int8(w, g)
         if edge_codes:
             q[(q == -127) & (rng.random(q.shape) < 0.5)] = -128
-        return ref.RefWeights.int8(q, s, g, scheme=scheme), moe_cpu.pack_int8(q, s, group_size=g, scheme=scheme)
+        return (ref.RefWeights.int8(q, s, g, scheme=scheme, act_block=act_block),
+                moe_cpu.pack_int8(q, s, group_size=g, scheme=scheme, act_block=act_block))
     if scheme == "fp8_w8a16":
         codes, s = ref.quantize_fp8(w, block)
         return ref.RefWeights.fp8(codes, s, block), moe_cpu.pack_fp8(codes, s, block_size=tuple(block))

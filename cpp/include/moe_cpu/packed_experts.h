@@ -51,6 +51,9 @@ constexpr int64_t kIMinRun = 8;
 struct PackedExperts {
   Scheme scheme = Scheme::kBf16;  // the weights' scheme (int weights: the A8 name; a16 says how they run)
   bool a16 = false;  // int weights: the activations stay 16-bit (int16 codes per token): int4_w4a16 / int8_w8a16
+  // A8 int weights: the activation block B, one int8 scale per B channels of each row (32, 64, 128, 256), or 0
+  // for one scale per row. B divides K and either divides the group length or is a multiple of it (set_act_block).
+  int64_t act_block = 0;
   int64_t num_experts = 0, out_features = 0, in_features = 0;  // E, N, K
   int64_t group_size = -1;   // int4/int8: g, or -1 per channel; fp8: block_k; bf16: -1
   int64_t block_n = 0;       // fp8 only
@@ -134,6 +137,11 @@ struct PackedExperts {
 // Runs int weights with 16-bit activations (a16) or int8 ones, choosing the kernel again (no copy of
 // the panels). ValueError for fp8 / bf16 weights, which have no such choice.
 void set_a16(PackedExperts& p, bool a16);
+
+// Sets the A8 activation block (0: per row; else 32, 64, 128 or 256 dividing K, and dividing the group length or
+// a multiple of it); chooses the kernel again (integer mins need per-row scales). ValueError names the value and
+// the valid choices: fp8 / bf16 / A16 weights, act-order weights, a block that does not fit K or the groups.
+void set_act_block(PackedExperts& p, int64_t B);
 
 // Sets p.k_perm (int schemes) from perm [E, K]: each row a permutation of [0, K); ValueError else.
 // The weights must already be packed in permuted channel order (their groups contiguous).

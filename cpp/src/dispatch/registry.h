@@ -24,10 +24,14 @@ struct ActRows {
   const int32_t* row_idx = nullptr;
   const int8_t* q = nullptr;       // int schemes: codes [*, Kp]
   const int16_t* q16 = nullptr;    //   or, A16 int schemes: int16 codes [*, Kp] in a16_pos order
-  const float* scale = nullptr;    //   one scale per buffer row
-  const int32_t* asum = nullptr;   //   sum of the codes of each weight group: [*, G] (A16: of each piece, [*, G * NP])
-  int64_t NP = 1;                  //   asum entries per group
-  const float* asum_f32 = nullptr; //   the same as fp32, for weights with mins (else nullptr)
+  const float* scale = nullptr;    //   one scale per buffer row (1 with activation blocks: bscale holds them)
+  const float* bscale = nullptr;   //   A8 activation blocks: the scale of each piece's block, [*, G * NP] (else nullptr)
+  int64_t pk = 0;                  //   channels per piece when NP > 1 (A16: kA16Piece; A8: the activation block)
+  const int32_t* asum = nullptr;   //   sum of the codes of each weight group: [*, G] (A16 and A8 blocks shorter than a
+                                   //   group: of each piece, [*, G * NP])
+  int64_t NP = 1;                  //   asum entries per group (pieces)
+  const float* asum_f32 = nullptr; //   per group as fp32, for weights with mins (else nullptr); with bscale, the sum over
+                                   //   the group's pieces of float(code sum) * block scale
   const int16_t* asum16 = nullptr; //   the same as int16 [*, G2] (G2 = 2 * imin_pairs(w), zero-padded), for integer mins
   int64_t G = 0, G2 = 0;
   const uint16_t* bf16 = nullptr;  // bf16 / fp8 schemes: bf16 bits [*, Kp]

@@ -6,7 +6,8 @@
 // code_table) into a scratch once per column pair and call. ka = 64 k per tile step (32 for groups of 32).
 // Per scale group the C tiles are stored and a plain C++ epilogue applies the float operations of
 // int_avx512vnni.h in its order: (sum - zero * code sum) converted, times the scale, fused into the
-// running sum; minus min * code sum (fused); integer mins per run; times the row scale. So the
+// running sum (A8 activation blocks: per piece, the converted sum times its block scale first); minus
+// min * code sum (fused); integer mins per run; times the row scale. So the
 // result is bitwise that of w*a8_avx512vnni, and choosing between the two per expert changes no bit.
 // Needs the backend's features only. Limits: groups a multiple of 32 (or per channel); int8 group <= 65536.
 #pragma once
@@ -80,9 +81,9 @@ struct PairB {
 
 template <class T, bool kInt4>
 void int_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  const int64_t R = a.rows, G = a.G, gl = w.group_len(), Kp = a.Kp;
+  const int64_t R = a.rows, G = a.G, gl = w.group_len(), Kp = a.Kp, NP = a.NP, pl = NP > 1 ? a.pk : gl;
   if (R == 0 || b0 >= b1) return;
-  const int ka = G == 1 || gl % 64 == 0 ? 64 : 32;
+  const int ka = (G == 1 && NP == 1) || pl % 64 == 0 ? 64 : 32;  // divides every piece (group, or A8 block)
   const int64_t Kt = layout::round_up(Kp, ka), Rp = layout::round_up(R, 16), steps = Kt / ka;
   const int64_t brow = ka / 4 * 64;  // bytes of one B tile (ka / 4 rows of 64)
   const bool mins = w.has_mins && !w.imin_groups, imins = w.has_mins && w.imin_groups, zeros = w.has_zeros;
@@ -103,18 +104,22 @@ void int_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, con
     const int64_t nj = std::min<int64_t>(2, b1 - b);
     const PairB<T, kInt4> bsrc(w, e, b, nj, Kt, brow, Bw, tail);
     pt.fill(w, e, b, nj, G);
-    const auto group = [&](int64_t gi, int64_t r0, int64_t rr) {
-      if (gi == 0) std::fill(acc, acc + 32 * 32, 0.f);
+    // One piece ai (a scale group, or an A8 block inside one: NP per group) of the block's rows.
+    const auto group = [&](int64_t ai, int64_t r0, int64_t rr) {
+      if (ai == 0) std::fill(acc, acc + 32 * 32, 0.f);
+      const int64_t gi = ai / NP;
       const float* sc = pt.sc + gi * 32;
       for (int64_t r = 0; r < rr; ++r) {
-        const int32_t as = a.asum[a.row_idx[r0 + r] * G + gi];
+        const int64_t row = a.row_idx[r0 + r];
+        const int32_t as = a.asum[row * G * NP + ai];
+        const float bs = a.bscale ? a.bscale[row * G * NP + ai] : 1.f;  // x * 1 is x: per-row scales unchanged
         const int32_t* cr = ci + r * 32;
         float* ac = acc + r * 32;
         if (zeros)
-          for (int n = 0; n < 32; ++n) ac[n] = std::fma(float(int32_t(uint32_t(cr[n]) - uint32_t(pt.zp[gi * 32 + n] * as))), sc[n], ac[n]);
+          for (int n = 0; n < 32; ++n) ac[n] = std::fma(float(int32_t(uint32_t(cr[n]) - uint32_t(pt.zp[gi * 32 + n] * as))) * bs, sc[n], ac[n]);
         else
-          for (int n = 0; n < 32; ++n) ac[n] = std::fma(float(int32_t(uint32_t(cr[n]) - uint32_t(zc * as))), sc[n], ac[n]);
-        if (mins) {
+          for (int n = 0; n < 32; ++n) ac[n] = std::fma(float(int32_t(uint32_t(cr[n]) - uint32_t(zc * as))) * bs, sc[n], ac[n]);
+        if (mins && ai % NP == NP - 1) {
           const float asf = a.asum_f32[a.row_idx[r0 + r] * G + gi];
           for (int n = 0; n < 32; ++n) ac[n] = std::fma(-pt.mn[gi * 32 + n], asf, ac[n]);
         }
@@ -136,7 +141,7 @@ void int_amx_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, con
         }
       }
     };
-    row_blocks<T, false>(rows, R, G, gl, ka, ka, steps, nj, bsrc, ci, group, done);
+    row_blocks<T, false>(rows, R, G * NP, pl, ka, ka, steps, nj, bsrc, ci, group, done);
   }
   T::release();
 }

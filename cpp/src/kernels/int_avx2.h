@@ -11,7 +11,8 @@
 //   IntDot::kVnniVex (w4a8_avx2vnni, w8a8_avx2vnni; + AVX-VNNI): {vex} vpdpbusd on the stored
 //     unsigned bytes (int4 codebooks: through code_table), zero point (code_zero, 128 or stored)
 //     removed with the activation sums.
-// Group offsets (mins): minus min * code sum per group, in fp32. int4 K-quant forms: integer scales and
+// Group offsets (mins): minus min * code sum per group, in fp32. A8 activation blocks (ActRows::bscale): int32
+// sums per piece (group, or block when shorter), each converted sum times its block scale, then the column scale. int4 K-quant forms: integer scales and
 // mins (PackedExperts::iscales / imins) become those same fp32 values in the group epilogue.
 //   IntDot::kMaddwd16 (w4a16_avx2, w8a16_avx2; AVX2 + FMA): A16's int16 activations. The unsigned weight
 //     bytes as in kVnniVex, split into even and odd bytes as int16, meet int16 code pairs (ActRows::q16, in
@@ -113,7 +114,9 @@ struct IntAvx2 {
         if constexpr (kA16) arow16[r] = a.q16 + a.row_idx[r0 + r] * Kp;
         else arow[r] = a.q + a.row_idx[r0 + r] * Kp;
       }
-      const int64_t NP = kA16 ? a.NP : 1, ps = kA16 ? kA16Piece / step : Kp;  // A16: code sums per group piece
+      const int64_t NP = a.NP, ps = NP > 1 ? a.pk / step : Kp;  // code sums per group piece (A16, A8 blocks)
+      const float* bsr[MR];  // A8 blocks: each piece's block scale
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) bsr[r] = a.bscale ? a.bscale + a.row_idx[r0 + r] * G * NP : nullptr;
       const __m256i even = _mm256_set1_epi16(0xff);
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
       const __m256i table = _mm256_broadcastsi128_si256(
@@ -288,7 +291,9 @@ struct IntAvx2 {
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
             __m256i exact = acc[r][h];
             if (zp) exact = _mm256_sub_epi32(exact, _mm256_mullo_epi32(zv, _mm256_set1_epi32(asr[r][ai])));
-            __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), sv, _mm256_load_ps(accf[r][h]));
+            __m256 x = _mm256_cvtepi32_ps(exact);
+            if (!kA16 && bsr[r]) x = _mm256_mul_ps(x, _mm256_set1_ps(bsr[r][ai]));
+            __m256 f = _mm256_fmadd_ps(x, sv, _mm256_load_ps(accf[r][h]));
             if (group_mins && pi == NP - 1) f = _mm256_fnmadd_ps(mv, _mm256_broadcast_ss(asf[r] + gi), f);
             _mm256_store_ps(accf[r][h], f);
           }

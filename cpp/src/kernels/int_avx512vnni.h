@@ -4,7 +4,9 @@
 // through code_table; int8: the bytes w+128 as stored), against 4 signed activation bytes
 // broadcast per row. Exact int32 sums per scale group are corrected by zero * (sum of the group's
 // activation codes), converted, scaled per column and accumulated in fp32 (minus min * code sum
-// with group offsets); the row scale multiplies at the store.
+// with group offsets); the row scale multiplies at the store. A8 with activation blocks (ActRows::bscale): the
+// int32 sums run per piece (a group, or the block where it is shorter than a group) and each converted piece sum
+// is multiplied by its block's scale before the column scale (the row scale is then 1).
 // A16 (int4_w4a16 / int8_w8a16): the same unsigned weight bytes split into their even and odd bytes as
 // int16 (AND 0x00ff, shift 8) meet int16 activation pairs (ActRows::q16, in a16_pos order) in vpdpwssd,
 // two per byte vector; the int32 sums run over pieces of at most kA16Piece channels of a group.
@@ -166,8 +168,11 @@ struct IntVnni {
         if constexpr (kA16) arow16[r] = a.q16 + a.row_idx[r0 + r] * Kp;
         else arow[r] = a.q + a.row_idx[r0 + r] * Kp;
       }
-      // A16: NP code sums per group, one per piece of ps k-steps (A8: one piece, the group).
-      const int64_t NP = kA16 ? a.NP : 1, ps = kA16 ? kA16Piece / step : Kp;
+      // NP code sums per group, one per piece of ps k-steps (A16, or A8 blocks shorter than a group; else one piece,
+      // the group). A8 blocks: each piece's block scale in bsr.
+      const int64_t NP = a.NP, ps = NP > 1 ? a.pk / step : Kp;
+      const float* bsr[MR];
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) bsr[r] = a.bscale ? a.bscale + a.row_idx[r0 + r] * G * NP : nullptr;
       const float* asrow[MR];  // fp32 group code sums, for the mins term
       if constexpr (kOff == Offset::kMins)
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) asrow[r] = a.asum_f32 + a.row_idx[r0 + r] * G;
@@ -246,8 +251,11 @@ struct IntVnni {
               acc[r][j] = _mm512_sub_epi32(acc[r][j], corr);
             }
           }
-          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
-            accf[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), sv, accf[r][j]);
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+            __m512 f = _mm512_cvtepi32_ps(acc[r][j]);
+            if (!kA16 && bsr[r]) f = _mm512_mul_ps(f, _mm512_set1_ps(bsr[r][ai]));
+            accf[r][j] = _mm512_fmadd_ps(f, sv, accf[r][j]);
+          }
         }
        }
         if constexpr (kOff == Offset::kMins)

@@ -4,7 +4,8 @@
 //   int4: u = nibble in [0,15] (AND 0x0f, or shift right 4); the zero point (code_zero or stored) is
 //         removed per group with the group's activation sum, as in the x86 kernels. A codebook maps
 //         u to its signed value with one TBL (no zero point).
-// Group offsets (mins): minus min * code sum per group, in fp32.
+// Group offsets (mins): minus min * code sum per group, in fp32. A8 activation blocks (ActRows::bscale): int32
+// sums per piece (group, or block when shorter), each converted sum times its block scale.
 //   int8: the stored u = w + 128 becomes w by flipping the top bit; the sums need no correction.
 // Needs: AdvSIMD + dotprod (compile the users with -march=armv8.2-a+dotprod).
 #pragma once
@@ -42,8 +43,11 @@ struct IntNeonDot {
       for (int r = 0; r < MR; ++r)
         for (int v = 0; v < V; ++v) accf[r][v] = vdupq_n_f32(0.f);
       const ScaleIndex sx(w, e, b);
+      const int64_t NP = a.NP, ps = NP > 1 ? a.pk / step : Kp;  // A8 blocks shorter than a group: pieces
       for (int64_t gi = 0; gi < G; ++gi) {
-        const int64_t s0 = gi * gl / step, s1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
+       const int64_t g0 = gi * gl / step, g1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
+       for (int64_t pi = 0; pi < NP; ++pi) {
+        const int64_t s0 = g0 + pi * ps, s1 = pi == NP - 1 ? g1 : s0 + ps, ai = gi * NP + pi;
         int32x4_t acc[MR][V];
         for (int r = 0; r < MR; ++r)
           for (int v = 0; v < V; ++v) acc[r][v] = vdupq_n_s32(0);
@@ -74,14 +78,16 @@ struct IntNeonDot {
             zv = vld1q_s32(zz);
           }
           for (int r = 0; r < MR; ++r) {
-            const int32x4_t corr = vmulq_n_s32(zv, a.asum[a.row_idx[r0 + r] * G + gi]);
-            const float32x4_t exact = vcvtq_f32_s32(vsubq_s32(acc[r][v], corr));
+            const int64_t row = a.row_idx[r0 + r];
+            const int32x4_t corr = vmulq_n_s32(zv, a.asum[row * G * NP + ai]);
+            float32x4_t exact = vcvtq_f32_s32(vsubq_s32(acc[r][v], corr));
+            if (a.bscale) exact = vmulq_n_f32(exact, a.bscale[row * G * NP + ai]);
             accf[r][v] = vfmaq_f32(accf[r][v], exact, sv);
-            if (w.has_mins)
-              accf[r][v] = vfmsq_f32(accf[r][v], vld1q_f32(w.mins.as<float>() + si),
-                                     vdupq_n_f32(float(a.asum[a.row_idx[r0 + r] * G + gi])));
+            if (w.has_mins && pi == NP - 1)
+              accf[r][v] = vfmsq_f32(accf[r][v], vld1q_f32(w.mins.as<float>() + si), vdupq_n_f32(a.asum_f32[row * G + gi]));
           }
         }
+       }
       }
       for (int r = 0; r < MR; ++r) {
         const float rs = a.scale[a.row_idx[r0 + r]];

@@ -4,7 +4,8 @@
 // low and high nibbles of row t) zipped by 32-bit lanes give the columns' 8-k operands.
 //   int4: u in [0,15]; zero point removed per group with the activation sums (as the x86 kernels);
 //         a codebook maps u to its signed value with one TBL (no zero point).
-// Group offsets (mins): minus min * code sum per group, in fp32.
+// Group offsets (mins): minus min * code sum per group, in fp32. A8 activation blocks (ActRows::bscale): int32
+// sums per piece (group, or block when shorter), each converted sum times its block scale.
 //   int8: stored w + 128 with the top bit flipped back to w; no correction.
 // Accumulators hold [r0c0, r0c1, r1c0, r1c1] per (row pair, column pair). An odd last row is paired
 // with a copy of itself and its results dropped.
@@ -45,9 +46,12 @@ struct IntNeonMmla {
       for (int p = 0; p < RP; ++p)
         for (int q = 0; q < CP; ++q) accf[p][q] = vdupq_n_f32(0.f);
       const ScaleIndex sx(w, e, b);
+      const int64_t NP = a.NP, pl = NP > 1 ? a.pk : Kp;  // A8 blocks shorter than a group: pieces
       for (int64_t gi = 0; gi < G; ++gi) {
-        // 8-k chunks of this group: k in [k0, k1)
-        const int64_t k0 = gi * gl, k1 = gi == G - 1 ? Kp : (gi + 1) * gl;
+       const int64_t g0 = gi * gl, g1 = gi == G - 1 ? Kp : (gi + 1) * gl;
+       for (int64_t pi = 0; pi < NP; ++pi) {
+        // 8-k chunks of this piece: k in [k0, k1)
+        const int64_t k0 = g0 + pi * pl, k1 = pi == NP - 1 ? g1 : k0 + pl, ai = gi * NP + pi;
         int32x4_t acc[RP][CP];
         for (int p = 0; p < RP; ++p)
           for (int q = 0; q < CP; ++q) acc[p][q] = vdupq_n_s32(0);
@@ -84,16 +88,23 @@ struct IntNeonMmla {
           const float m1 = w.has_mins ? w.mins.as<float>()[si1] : 0.f;
           if (kInt4 && w.has_zeros) z0 = w.zeros.data()[si0], z1 = w.zeros.data()[si1];
           for (int p = 0; p < RP; ++p) {
-            const int32_t s0 = a.asum[rid[2 * p] * G + gi], s1 = a.asum[rid[2 * p + 1] * G + gi];
+            const int64_t i0 = rid[2 * p] * G * NP + ai, i1 = rid[2 * p + 1] * G * NP + ai;
+            const int32_t s0 = a.asum[i0], s1 = a.asum[i1];
             const int32_t corr[4] = {z0 * s0, z1 * s0, z0 * s1, z1 * s1};
-            const float32x4_t exact = vcvtq_f32_s32(vsubq_s32(acc[p][q], vld1q_s32(corr)));
+            float32x4_t exact = vcvtq_f32_s32(vsubq_s32(acc[p][q], vld1q_s32(corr)));
+            if (a.bscale) {
+              const float bs[4] = {a.bscale[i0], a.bscale[i0], a.bscale[i1], a.bscale[i1]};
+              exact = vmulq_f32(exact, vld1q_f32(bs));
+            }
             accf[p][q] = vfmaq_f32(accf[p][q], exact, sv);
-            if (w.has_mins) {
-              const float ms[4] = {m0 * float(s0), m1 * float(s0), m0 * float(s1), m1 * float(s1)};
+            if (w.has_mins && pi == NP - 1) {
+              const float f0 = a.asum_f32[rid[2 * p] * G + gi], f1 = a.asum_f32[rid[2 * p + 1] * G + gi];
+              const float ms[4] = {m0 * f0, m1 * f0, m0 * f1, m1 * f1};
               accf[p][q] = vsubq_f32(accf[p][q], vld1q_f32(ms));
             }
           }
         }
+       }
       }
       for (int p = 0; p < RP; ++p)
         for (int q = 0; q < CP; ++q) {

@@ -1,5 +1,6 @@
 // act_buffer.h — the activation rows of one GEMM of the fused pass: int8 codes + row scale + per-group
-// code sums (int schemes; A16: int16 codes, sums per group piece), or bf16 bits / their fp32 values (float schemes), and the ActRows view a
+// code sums (int schemes; A16: int16 codes, sums per group piece; A8 with activation blocks: a scale per block,
+// the row scale 1, sums per piece), or bf16 bits / their fp32 values (float schemes), and the ActRows view a
 // kernel reads.
 #pragma once
 #include <algorithm>
@@ -22,6 +23,7 @@ struct ActBuffer {
   std::vector<int8_t> q;
   std::vector<int16_t> q16;  // A16 int schemes: int16 codes in a16_pos order (q unused)
   std::vector<float> s;
+  std::vector<float> bs;  // A8 activation blocks: each piece's block scale, [rows, G * NP]
   std::vector<int32_t> asum;
   std::vector<float> asum_f32;  // for weights with float mins
   std::vector<int16_t> asum16;  // for weights with integer mins: [rows, G2] (G2: G padded to whole runs)
@@ -29,7 +31,8 @@ struct ActBuffer {
   std::vector<float> f;
   int64_t K = 0, Kp = 0, gl = 0, G = 0;
   bool int_scheme = false, a16 = false, f32 = false, mins = false, imins = false;
-  int64_t G2 = 0, NP = 1;  // NP: code sums per group (A16 pieces)
+  int64_t G2 = 0, NP = 1;  // NP: code sums per group (A16 pieces, or A8 activation blocks shorter than a group)
+  int64_t B = 0, pk = 0;  // A8 activation block (0: per row); channels per piece when NP > 1
 
   // Sizes the buffers for `rows` rows (kept allocated across calls; set_row writes every byte).
   void reset(const PackedExperts& w, int64_t rows) {
@@ -37,13 +40,16 @@ struct ActBuffer {
     int_scheme = is_int_scheme(w.scheme), a16 = int_scheme && w.a16;
     f32 = !int_scheme && w.kernel->f32_acts;
     imins = int_scheme && !a16 && w.has_mins && w.imin_groups > 0;
-    NP = a16 ? a16_pieces(gl) : 1;
+    B = int_scheme && !a16 ? w.act_block : 0;
+    NP = a16 ? a16_pieces(gl) : B && B < gl ? gl / B : 1;
+    pk = a16 ? kA16Piece : B && B < gl ? B : 0;
     mins = int_scheme && w.has_mins;  // fp32 code sums: float mins, and the ymm kernels' integer mins
     G2 = imins ? imin_pairs(w) * 2 : 0;
     if (int_scheme) {
       (a16 ? q16.resize(static_cast<size_t>(rows * Kp)) : q.resize(static_cast<size_t>(rows * Kp)));
       s.resize(static_cast<size_t>(rows));
       asum.resize(static_cast<size_t>(rows * G * NP));
+      if (B) bs.resize(static_cast<size_t>(rows * G * NP));
       if (mins) asum_f32.resize(static_cast<size_t>(rows * G));
       if (imins) asum16.resize(static_cast<size_t>(rows * G2));
     } else if (f32) {
@@ -61,8 +67,28 @@ struct ActBuffer {
       return set_int_row(row, x, amax);
     }
     int8_t* qr = q.data() + row * Kp;
+    if (B) {
+      if (row_amax(x, K) < 0.f)
+        throw ValueError(msg("non-finite ", what, " cannot be quantized to int8 (check the inputs and weights for overflow)"));
+      return set_block_row(row, x);
+    }
     if (!quantize_row_int8(x, K, qr, &s[size_t(row)]))
       throw ValueError(msg("non-finite ", what, " cannot be quantized to int8 (check the inputs and weights for overflow)"));
+    finish_int_row(row);
+  }
+  // A8 with activation blocks: each block of B channels of the finite row x[K] gets its own scale (amax / 127,
+  // 1 if all zero) and codes, as a row would; the row scale is 1.
+  void set_block_row(int64_t row, const float* x) {
+    int8_t* qr = q.data() + row * Kp;
+    float* br = bs.data() + row * G * NP;
+    for (int64_t k0 = 0; k0 < K; k0 += B) {
+      float sb;
+      quantize_row_int8_amax(x + k0, B, row_amax(x + k0, B), qr + k0, &sb);
+      // the pieces this block covers: one per B channels when B < gl, else the groups inside it
+      if (NP > 1) br[k0 / B] = sb;
+      else for (int64_t gi = k0 / gl; gi < std::min(G, (k0 + B) / gl); ++gi) br[gi] = sb;
+    }
+    s[size_t(row)] = 1.f;
     finish_int_row(row);
   }
   // Float schemes: values [k0, k0 + n) of row `row` rounded to bf16 (kept as bits, or as fp32 for
@@ -85,6 +111,7 @@ struct ActBuffer {
       quantize_row_int16_amax(x, K, amax, q16.data() + row * Kp, &s[size_t(row)], a16_pos);
       return finish_a16_row(row);
     }
+    if (B) return set_block_row(row, x);
     quantize_row_int8_amax(x, K, amax, q.data() + row * Kp, &s[size_t(row)]);
     finish_int_row(row);
   }
@@ -150,6 +177,7 @@ struct ActBuffer {
   void finish_int_row(int64_t row) {
     int8_t* qr = q.data() + row * Kp;
     for (int64_t k = K; k < Kp; ++k) qr[k] = 0;
+    if (B) return finish_block_row(row);
     for (int64_t gi = 0; gi < G; ++gi) {
       int32_t sum = 0;
       for (int64_t k = gi * gl; k < std::min(K, (gi + 1) * gl); ++k) sum += qr[k];
@@ -158,6 +186,24 @@ struct ActBuffer {
       if (imins) asum16[size_t(row * G2 + gi)] = int16_t(sum);  // |sum| <= 127 gl <= 32767 (derive_int_mins)
     }
     if (imins) std::fill(asum16.begin() + row * G2 + G, asum16.begin() + (row + 1) * G2, int16_t(0));  // whole runs
+  }
+  // A8 with activation blocks: code sums per piece; for mins, per group the sum over its pieces of
+  // float(code sum) * block scale, in piece order (no integer mins: set_act_block drops them).
+  void finish_block_row(int64_t row) {
+    const int8_t* qr = q.data() + row * Kp;
+    const float* br = bs.data() + row * G * NP;
+    const int64_t pl = NP > 1 ? pk : gl;
+    for (int64_t gi = 0; gi < G; ++gi) {
+      float fsum = 0.f;
+      for (int64_t pi = 0; pi < NP; ++pi) {
+        const int64_t k0 = gi * gl + pi * pl, k1 = std::min(K, k0 + pl);
+        int32_t sum = 0;
+        for (int64_t k = k0; k < k1; ++k) sum += qr[k];
+        asum[size_t((row * G + gi) * NP + pi)] = sum;
+        fsum += float(sum) * br[gi * NP + pi];
+      }
+      if (mins) asum_f32[size_t(row * G + gi)] = fsum;
+    }
   }
   // A16, once the codes [0, K) are set: zero padding, code sums per piece and (mins) per group.
   void finish_a16_row(int64_t row) {
@@ -183,6 +229,7 @@ struct ActBuffer {
         if (a16) std::memcpy(q16.data() + r * Kp, src.q16.data() + i * Kp, size_t(Kp) * sizeof(int16_t));
         else std::memcpy(q.data() + r * Kp, src.q.data() + i * Kp, size_t(Kp));
         s[size_t(r)] = src.s[size_t(i)];
+        if (B) std::memcpy(bs.data() + r * G * NP, src.bs.data() + i * G * NP, size_t(G * NP) * sizeof(float));
         std::memcpy(asum.data() + r * G * NP, src.asum.data() + i * G * NP, size_t(G * NP) * sizeof(int32_t));
         if (mins) std::memcpy(asum_f32.data() + r * G, src.asum_f32.data() + i * G, size_t(G) * sizeof(float));
         if (imins) std::memcpy(asum16.data() + r * G2, src.asum16.data() + i * G2, size_t(G2) * sizeof(int16_t));
@@ -197,7 +244,8 @@ struct ActBuffer {
     ActRows a;
     a.rows = rows, a.Kp = Kp, a.row_idx = row_idx, a.G = G;
     if (int_scheme) {
-      a.scale = s.data(), a.asum = asum.data(), a.asum_f32 = mins ? asum_f32.data() : nullptr, a.NP = NP;
+      a.scale = s.data(), a.asum = asum.data(), a.asum_f32 = mins ? asum_f32.data() : nullptr, a.NP = NP, a.pk = pk;
+      a.bscale = B ? bs.data() : nullptr;
       if (a16) a.q16 = q16.data();
       else a.q = q.data();
       if (imins) a.asum16 = asum16.data(), a.G2 = G2;

@@ -85,7 +85,7 @@ PackedExperts shape_of(const PackedExperts& p) {
 void derive_int_mins(PackedExperts& p) {
   constexpr int64_t S = kIMinRun;
   const int64_t gl = p.group_len(), NB = p.num_blocks();
-  if (!p.has_mins || !p.kernel || !p.kernel->int_mins || p.imin_groups || gl * 127 > 32767) return;
+  if (!p.has_mins || !p.kernel || !p.kernel->int_mins || p.imin_groups || gl * 127 > 32767 || p.act_block) return;
   // int16 code sums (|sum| <= 127 gl) and an int32 sum of S products per run
   const int32_t mmax = int32_t(std::min<int64_t>(32767, (int64_t(1) << 31) / (S * 127 * gl) - 1));
   PackedExperts t = shape_of(p);  // the indexing of the integer form
@@ -140,7 +140,7 @@ AlignedBuffer float_scales(const PackedExperts& p) {
 
 void set_kernel(PackedExperts& p, const KernelDesc* kd) {
   p.kernel = kd;
-  if (p.imin_groups && !kd->int_mins) p.mins = float_mins(p), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer(), p.imin_groups = 0;
+  if (p.imin_groups && (!kd->int_mins || p.act_block)) p.mins = float_mins(p), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer(), p.imin_groups = 0;
   if (p.iscale_groups && !kd->int_scales)
     p.scales = float_scales(p), p.iscales = AlignedBuffer(), p.dscales = AlignedBuffer(), p.iscale_groups = 0;
   derive_int_mins(p);
@@ -152,7 +152,34 @@ void set_a16(PackedExperts& p, bool a16) {
     throw ValueError(msg(scheme_name(p.scheme), " weights have no 16-bit activation choice (their activations are bf16 "
                          "already); int4_w4a16 / int8_w8a16 take int4 / int8 weights"));
   if (p.a16 == a16 && p.kernel) return;
+  if (a16 && p.act_block)
+    throw ValueError(msg("these weights run A8 with act_block = ", p.act_block, "; 16-bit activations are per token (set "
+                         "act_block None first)"));
   p.a16 = a16;
+  set_kernel(p, select_kernel(p));
+}
+
+void set_act_block(PackedExperts& p, int64_t B) {
+  if (B == p.act_block) return;
+  if (B == 0) {
+    p.act_block = 0;
+    return set_kernel(p, select_kernel(p));
+  }
+  if (!is_int_scheme(p.scheme) || p.a16)
+    throw ValueError(msg("act_block = ", B, ": activation blocks apply to the A8 schemes (int4_w4a8, int8_w8a8); ",
+                         scheme_name(p.run_scheme()), " weights take none (pass None)"));
+  if (B != 32 && B != 64 && B != 128 && B != 256)
+    throw ValueError(msg("act_block = ", B, " is not supported: use 32, 64, 128, 256, or None for one scale per token"));
+  const int64_t K = p.in_features, gl = p.group_len();
+  if (K % B)
+    throw ValueError(msg("act_block = ", B, " does not divide the GEMM's K = ", K, " (valid: the sizes among 32, 64, 128, 256 that divide K, or None)"));
+  if (gl % B && B % gl)
+    throw ValueError(msg("act_block = ", B, " neither divides the weights' group_size = ", gl,
+                         " nor is a multiple of it: an activation block must nest with the scale groups"));
+  if (p.has_k_perm())
+    throw ValueError(msg("act_block = ", B, ": act-order weights (g_idx) take per-token activations only (their channels "
+                         "are gathered out of order, across activation blocks); pass None"));
+  p.act_block = B;
   set_kernel(p, select_kernel(p));
 }
 

@@ -156,6 +156,8 @@ void unpack(const PackedExperts& p, float* out) {
 void set_k_perm(PackedExperts& p, const int32_t* perm) {
   if (!is_int_scheme(p.scheme))
     throw ValueError(msg("an input-channel permutation (act-order) needs an int scheme, not ", scheme_name(p.scheme)));
+  if (p.act_block)
+    throw ValueError(msg("act-order (g_idx) weights take per-token activations only, not act_block = ", p.act_block));
   const int64_t E = p.num_experts, K = p.in_features;
   std::vector<uint8_t> seen(static_cast<size_t>(K));
   for (int64_t e = 0; e < E; ++e) {

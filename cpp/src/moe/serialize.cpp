@@ -7,6 +7,8 @@
 //           the k_perm section {...}, u8 has_mins, u8 has_codebook, u8 has_k_perm, u8 0,
 //           i8 codebook[16], the mins section {...}, u32 crc32 of bytes [0, 252) at offset 252.
 //   Version 4 is version 3 with the A16 scheme ids (4 int4_w4a16, 5 int8_w8a16), which older readers refuse.
+//   Version 5 is version 4 with the A8 activation block (docs/numerics.md) in the byte after has_k_perm: act_block / 32
+//   (1, 2, 4 or 8; 0 per row). Files with activation blocks are written as version 5, the others as before.
 //   Read too: version 2 (4 sections, kernel[64] where version 3 has kernel[40] and k_perm, a zero
 //   byte for has_k_perm) and version 1 (3 sections, zero bytes where version 2 has mins and codebook).
 // Everything read is checked (magic, version, CRCs, layout, shapes against section sizes, the file
@@ -32,7 +34,7 @@ namespace moe_cpu {
 namespace {
 
 constexpr char kMagic[8] = {'M', 'O', 'E', 'C', 'P', 'U', 'P', 'K'};
-constexpr uint32_t kVersion = 4, kHeaderBytes = 256, kLayoutBlocked16 = 1, kSections = 5;
+constexpr uint32_t kVersion = 5, kHeaderBytes = 256, kLayoutBlocked16 = 1, kSections = 5;
 constexpr uint64_t kAlign = 4096;
 
 #pragma pack(push, 1)
@@ -49,7 +51,7 @@ struct Header {
   char kernel[40];
   Section k_perm;                  // version 3 (bytes of the kernel name in versions 1 and 2)
   uint8_t has_mins, has_codebook;  // version 2 from here (zero in version 1)
-  uint8_t has_k_perm, reserved;    // version 3 (zero before)
+  uint8_t has_k_perm, act_block32;  // version 3 (zero before); version 5: act_block / 32 (zero before)
   int8_t codebook[16];
   Section mins;
   uint32_t header_crc32;
@@ -104,10 +106,11 @@ struct Mapping {  // owns a file mapping; shared by the views into it
 void save_packed(const PackedExperts& p, const std::string& path) {
   Header h{};
   std::memcpy(h.magic, kMagic, 8);
-  h.version = p.a16 ? 4 : 3, h.header_bytes = kHeaderBytes, h.scheme = uint32_t(p.run_scheme()), h.layout = kLayoutBlocked16;
+  h.version = p.act_block ? 5 : p.a16 ? 4 : 3, h.header_bytes = kHeaderBytes, h.scheme = uint32_t(p.run_scheme()), h.layout = kLayoutBlocked16;
   h.E = p.num_experts, h.N = p.out_features, h.K = p.in_features, h.group_size = p.group_size, h.block_n = p.block_n;
   h.has_zeros = p.has_zeros, h.sections = kSections;
   h.has_mins = p.has_mins, h.has_codebook = p.has_codebook, h.has_k_perm = p.has_k_perm();
+  h.act_block32 = uint8_t(p.act_block / 32);
   std::memcpy(h.codebook, p.codebook, 16);
   std::snprintf(h.kernel, sizeof h.kernel, "%s", p.kernel ? p.kernel->name : "");
   uint64_t off = align_up(kHeaderBytes);
@@ -167,6 +170,7 @@ PackedExperts load_packed(const std::string& path, bool use_mmap, bool verify) {
   const uint32_t sections = h.version == 1 ? 3 : h.version == 2 ? 4 : kSections;
   if (h.version == 1) h.has_mins = h.has_codebook = 0, h.mins = Section{};  // padding in version 1
   if (h.version < 3) h.has_k_perm = 0, h.k_perm = Section{};                // kernel name bytes before
+  if (h.version < 5) h.act_block32 = 0;
   if (h.scheme > uint32_t(h.version >= 4 ? Scheme::kInt8W8A16 : Scheme::kBf16) || h.sections != sections || h.header_bytes != kHeaderBytes)
     throw ValueError(msg("'", path, "' has an invalid header (scheme ", h.scheme, ", ", h.sections, " sections)"));
   PackedExperts p;
@@ -215,6 +219,10 @@ PackedExperts load_packed(const std::string& path, bool use_mmap, bool verify) {
   p.kernel = select_kernel(p);
   derive_int_mins(p);
   derive_int_scales(p);
+  if (h.act_block32) {  // checked as packing checks it
+    if (h.act_block32 > 8) throw ValueError(msg("'", path, "' has an invalid header (activation block ", 32 * int(h.act_block32), ")"));
+    set_act_block(p, 32 * int64_t(h.act_block32));
+  }
   return p;
 }
 

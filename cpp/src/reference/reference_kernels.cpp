@@ -2,7 +2,8 @@
 // Numerics: int schemes take exact integer dot products inside each scale group (in float while
 //   group_len*amax*max|w| < 2^24, amax 127 for int8 activation codes and 32767 for A16's int16 ones,
 //   else in double), scale them per (column, group), subtract the group offset (min) times the group's
-//   activation code sum, sum the groups in fp32, then multiply by the row's activation scale. fp8: bf16 activations x e4m3 values per
+//   activation code sum, sum the groups in fp32, then multiply by the row's activation scale (A8 activation
+//   blocks: each piece's dot product and code sum times its block's scale first; the row scale is 1). fp8: bf16 activations x e4m3 values per
 //   K-block (exact products, fp32 sums), times the block scale. bf16: fp32 sums of exact products.
 // Needs: nothing. Limits: none (any M, N, K, group).
 #include <Eigen/Core>
@@ -27,25 +28,33 @@ Cols cols_of(const PackedExperts& w, int64_t b0, int64_t b1) {
 }
 
 // acc[r, j] = sum over groups of P_g[r, j] * scale(e, n0 + j, g) (- min(e, n0 + j, g) * (sum of A's row r
-// over group g) when the weights have mins: the activation code sums of the int schemes).
+// over group g) when the weights have mins: the activation code sums of the int schemes). With A8 activation
+// blocks (a.bscale) each group splits into pieces (the blocks shorter than it), and every piece's exact dot
+// product and code sum are multiplied by its block's scale first.
 template <class T>
-Mat<float> grouped_gemm(const PackedExperts& w, int64_t e, Cols cols, const Mat<T>& A, const Mat<T>& W) {
-  const int64_t gl = w.group_len(), K = w.in_features;
+Mat<float> grouped_gemm(const PackedExperts& w, int64_t e, Cols cols, const Mat<T>& A, const Mat<T>& W, const ActRows& a) {
+  const int64_t gl = w.group_len(), K = w.in_features, G = w.num_groups();
+  const int64_t NP = a.bscale ? a.NP : 1, pl = NP > 1 ? a.pk : gl;
   Mat<float> acc = Mat<float>::Zero(A.rows(), W.rows());
   Mat<T> P;
-  for (int64_t gi = 0; gi < w.num_groups(); ++gi) {
-    const int64_t k0 = gi * gl, len = std::min(gl, K - k0);
-    P.noalias() = A.middleCols(k0, len) * W.middleCols(k0, len).transpose();
-    Eigen::Matrix<T, Eigen::Dynamic, 1> asum;
-    if (w.has_mins) asum = A.middleCols(k0, len).rowwise().sum();  // exact (integers)
-    for (int64_t j = 0; j < W.rows(); ++j) {
-      const float s = w.scale(e, cols.n0 + j, gi);
-      for (int64_t r = 0; r < A.rows(); ++r) acc(r, j) += float(P(r, j)) * s;
-      if (w.has_mins) {
-        const float m = w.min(e, cols.n0 + j, gi);
-        for (int64_t r = 0; r < A.rows(); ++r) acc(r, j) -= m * float(asum(r));
+  for (int64_t gi = 0; gi < G; ++gi) {
+    Eigen::VectorXf fsum = Eigen::VectorXf::Zero(A.rows());  // the group's (scaled) activation code sums
+    for (int64_t pi = 0; pi < NP; ++pi) {
+      const int64_t k0 = gi * gl + pi * pl, len = std::min(NP > 1 ? pl : gl, K - k0);
+      P.noalias() = A.middleCols(k0, len) * W.middleCols(k0, len).transpose();
+      Eigen::Matrix<T, Eigen::Dynamic, 1> asum;
+      if (w.has_mins) asum = A.middleCols(k0, len).rowwise().sum();  // exact (integers)
+      for (int64_t r = 0; r < A.rows(); ++r) {
+        const float bs = a.bscale ? a.bscale[a.row_idx[r] * G * NP + gi * NP + pi] : 1.f;
+        if (w.has_mins) fsum(r) += float(asum(r)) * bs;
+        for (int64_t j = 0; j < W.rows(); ++j) acc(r, j) += float(P(r, j)) * bs * w.scale(e, cols.n0 + j, gi);
       }
     }
+    if (w.has_mins)
+      for (int64_t j = 0; j < W.rows(); ++j) {
+        const float m = w.min(e, cols.n0 + j, gi);
+        for (int64_t r = 0; r < A.rows(); ++r) acc(r, j) -= m * fsum(r);
+      }
   }
   return acc;
 }
@@ -68,7 +77,7 @@ void int_gemm_as(const PackedExperts& w, int64_t e, Cols cols, const ActRows& a,
     w.int_row(e, cols.n0 + j, row.data());
     for (int64_t k = 0; k < K; ++k) W(j, k) = T(row[size_t(k)]);
   }
-  store(grouped_gemm(w, e, cols, A, W), a.scale, a, c, ldc);
+  store(grouped_gemm(w, e, cols, A, W, a), a.scale, a, c, ldc);
 }
 
 void int_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
@@ -105,7 +114,7 @@ Mat<float> raw_weights(const PackedExperts& w, int64_t e, Cols cols) {
 
 void fp8_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
   const Cols cols = cols_of(w, b0, b1);
-  store(grouped_gemm(w, e, cols, bf16_rows(a, w.in_features), raw_weights(w, e, cols)), nullptr, a, c, ldc);
+  store(grouped_gemm(w, e, cols, bf16_rows(a, w.in_features), raw_weights(w, e, cols), a), nullptr, a, c, ldc);
 }
 
 void bf16_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {

@@ -495,6 +495,43 @@ TEST(FusedExperts, DispatchedPathMatchesReferenceForEveryScheme) {
   }
 }
 
+// The same with A8 activation blocks (B shorter than the groups, spanning them, per channel), w13 and w2 with
+// different blocks: the dispatched kernels against the reference kernels (both quantize per block).
+TEST(FusedExperts, DispatchedPathMatchesReferenceWithActivationBlocks) {
+  auto g = test::rng_for_test();
+  const int64_t E = 8, H = 256, I = 128, M = 19, k = 2;
+  Layer L = make_layer(g, E, H, I);
+  auto x = test::gaussian(g, M * H);
+  std::vector<int32_t> ids(size_t(M * k));
+  for (int64_t m = 0; m < M; ++m) ids[m * k] = int32_t(m % E), ids[m * k + 1] = int32_t((m * 3 + 1) % E);
+  auto tw = test::gaussian(g, M * k);
+  const std::string level = forced_isa();
+  struct Case { Scheme s; int64_t group, b13, b2; };
+  for (const Case c : {Case{Scheme::kInt4W4A8, 32, 32, 32}, Case{Scheme::kInt4W4A8, 128, 32, 64}, Case{Scheme::kInt4W4A8, 32, 256, 128},
+                       Case{Scheme::kInt8W8A8, -1, 64, 32}, Case{Scheme::kInt8W8A8, 32, 32, 128}}) {
+    SCOPED_TRACE(std::string(scheme_name(c.s)) + " g" + std::to_string(c.group) + " B " + std::to_string(c.b13) + "/" + std::to_string(c.b2));
+    auto run = [&](std::vector<float>& out, const KernelDesc** kernel) {
+      PackedExperts w13 = quantize_experts(L.w13.data(), E, 2 * I, H, c.s, c.group, 32, 64);
+      PackedExperts w2 = quantize_experts(L.w2.data(), E, H, I, c.s, c.group, 32, 64);
+      set_act_block(w13, c.b13), set_act_block(w2, c.b2);
+      *kernel = w13.kernel;
+      FusedMoeArgs a;
+      a.x = x.data(), a.M = M, a.H = H, a.w13 = &w13, a.w2 = &w2, a.topk_weights = tw.data();
+      a.topk_ids = ids.data(), a.k = k, a.out = out.data();
+      fused_experts(a);
+    };
+    std::vector<float> got(size_t(M * H)), want(size_t(M * H));
+    const KernelDesc *kd = nullptr, *ref = nullptr;
+    run(got, &kd);
+    force_isa("reference");
+    run(want, &ref);
+    force_isa(level);
+    ASSERT_NE(std::string(ref->name).find("reference"), std::string::npos);
+    std::vector<double> wd(want.begin(), want.end());
+    EXPECT_LT(test::rel_max_err(got, wd), 2e-2) << kd->name << " vs " << ref->name;
+  }
+}
+
 }  // namespace
 }  // namespace moe_cpu
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kernel_test_util.h"
+#include "moe/act_buffer.h"
 #include "moe/int_forms.h"
 #include "moe_cpu/errors.h"
 #include "moe_cpu/packed_experts.h"
@@ -157,6 +158,79 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
       const size_t si = size_t((i / K) * G + (i % K) / gl);
       const float want_w = float(value(i)) * s[si] - (c.mins ? mn[si] : 0.f);
       ASSERT_EQ(deq[size_t(i)], want_w) << "unpack at " << i;
+    }
+  }
+  EXPECT_GE(ran, 4) << kd->name << " supports too few of the cases";
+}
+
+// A8 activation blocks (one int8 scale per B channels of a row, ActBuffer::set_row) on every form: pieces shorter
+// than a group (B < group), blocks spanning groups (B > group), per channel, integer mins dropped; against a double
+// computation from the buffer's codes and block scales recomputed here (amax / 127 of each block).
+TEST_P(WeightFormTest, ActivationBlocksMatchDequantizedMath) {
+  const KernelDesc* kd = test::runnable(GetParam());
+  MOE_CPU_SKIP_UNLESS_RUNNABLE(kd);
+  auto g = test::rng_for_test();
+  if (is_a16_scheme(kd->scheme)) {  // A16 activations are per token: a block is refused, naming the scheme
+    const std::vector<int8_t> q(64 * 64, 1);
+    const std::vector<float> s(64 * 2, 1.f);
+    PackedExperts p = weight_scheme(kd->scheme) == Scheme::kInt4W4A8 ? pack_int4(q.data(), 1, 64, 64, s.data(), 32, nullptr, nullptr, nullptr, true)
+                                                                      : pack_int8(q.data(), 1, 64, 64, s.data(), 32, nullptr, true);
+    EXPECT_THROW(set_act_block(p, 32), ValueError);
+    EXPECT_EQ(p.act_block, 0);
+    return;
+  }
+  int ran = 0;
+  for (const FormCase& c : kForms) {
+    if (c.int4 != (weight_scheme(kd->scheme) == Scheme::kInt4W4A8) || c.codebook == kExtremes) continue;
+    for (int64_t B : {32, 64, 256}) {
+      const int64_t E = 2, e = 1, N = c.N, K = c.K, R = c.rows;
+      const int64_t gl = c.group > 0 ? c.group : K, G = K / gl;
+      if (K % B || (gl % B && B % gl)) continue;
+      SCOPED_TRACE(std::string(c.label) + " B=" + std::to_string(B));
+      auto q = c.int4 ? (c.codebook ? test::ints(g, size_t(E * N * K), 0, 15) : test::ints(g, size_t(E * N * K), -8, 7))
+                      : test::ints(g, size_t(E * N * K), -128, 127);
+      auto value = [&](int64_t i) { return c.codebook ? int(c.codebook[uint8_t(q[size_t(i)])]) : int(q[size_t(i)]); };
+      auto s = test::gaussian(g, size_t(E * N * G));
+      auto mn = test::gaussian(g, size_t(E * N * G), 0.5f);
+      PackedExperts p = c.int4 ? pack_int4(q.data(), E, N, K, s.data(), c.group, nullptr, c.codebook, c.mins ? mn.data() : nullptr)
+                               : pack_int8(q.data(), E, N, K, s.data(), c.group, c.mins ? mn.data() : nullptr);
+      if (kd->supports && !kd->supports(p)) continue;
+      set_act_block(p, B);
+      set_kernel(p, kd);
+      EXPECT_EQ(p.imin_groups, 0) << "activation blocks take float mins";
+      ++ran;
+      // activations whose blocks differ in range by 2^10, so a per-row scale would lose the small blocks
+      auto x = test::gaussian(g, size_t(R * K));
+      for (int64_t i = 0; i < R * K; ++i) x[size_t(i)] *= std::ldexp(1.f, int((i % K) / B % 11) - 5);
+      ActBuffer ab;
+      ab.reset(p, R);
+      std::vector<int32_t> idx(static_cast<size_t>(R));
+      for (int64_t r = 0; r < R; ++r) idx[size_t(r)] = int32_t(r), ab.set_row(r, x.data() + r * K, "x");
+      std::vector<double> want(size_t(R * N), 0.0);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t k0 = 0; k0 < K; k0 += B) {
+          float amax = 0.f;
+          for (int64_t k = k0; k < k0 + B; ++k) amax = std::max(amax, std::fabs(x[size_t(r * K + k)]));
+          const double sb = amax == 0.f ? 1.0 : double(amax / 127.f);
+          for (int64_t n = 0; n < N; ++n) {
+            double acc = 0.0;
+            for (int64_t k = k0; k < k0 + B; ++k) {
+              const size_t si = size_t((e * N + n) * G + k / gl);
+              const double wv = double(value((e * N + n) * K + k)) * s[si] - (c.mins ? double(mn[si]) : 0.0);
+              acc += double(ab.q[size_t(r * ab.Kp + k)]) * wv;
+            }
+            want[size_t(r * N + n)] += acc * sb;
+          }
+        }
+      std::vector<float> got(size_t(R * N), NAN);
+      kd->gemm(p, e, 0, p.num_blocks(), ab.view(idx.data(), R), got.data(), N);
+      if (const KernelDesc* twin = test::amx_twin(kd)) {  // the per-expert choice between them changes no bit
+        std::vector<float> ref(got.size(), NAN);
+        twin->gemm(p, e, 0, p.num_blocks(), ab.view(idx.data(), R), ref.data(), N);
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_EQ(float_to_bits(got[i]), float_to_bits(ref[i])) << kd->name << " vs " << twin->name << " at " << i;
+      }
+      EXPECT_LT(test::rel_max_err(got, want), 1e-5) << kd->name;
     }
   }
   EXPECT_GE(ran, 4) << kd->name << " supports too few of the cases";

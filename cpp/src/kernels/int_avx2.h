@@ -114,7 +114,7 @@ struct IntAvx2 {
         if constexpr (kA16) arow16[r] = a.q16 + a.row_idx[r0 + r] * Kp;
         else arow[r] = a.q + a.row_idx[r0 + r] * Kp;
       }
-      const int64_t NP = a.NP, ps = NP > 1 ? a.pk / step : Kp;  // code sums per group piece (A16, A8 blocks)
+      const int64_t NP = a.NP, ps = kA16 ? kA16Piece / step : NP > 1 ? a.pk / step : Kp;  // code sums per group piece (A16, A8 blocks)
       const float* bsr[MR];  // A8 blocks: each piece's block scale
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) bsr[r] = a.bscale ? a.bscale + a.row_idx[r0 + r] * G * NP : nullptr;
       const __m256i even = _mm256_set1_epi16(0xff);

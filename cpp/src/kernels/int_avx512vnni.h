@@ -170,7 +170,7 @@ struct IntVnni {
       }
       // NP code sums per group, one per piece of ps k-steps (A16, or A8 blocks shorter than a group; else one piece,
       // the group). A8 blocks: each piece's block scale in bsr.
-      const int64_t NP = a.NP, ps = NP > 1 ? a.pk / step : Kp;
+      const int64_t NP = a.NP, ps = kA16 ? kA16Piece / step : NP > 1 ? a.pk / step : Kp;
       const float* bsr[MR];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) bsr[r] = a.bscale ? a.bscale + a.row_idx[r0 + r] * G * NP : nullptr;
       const float* asrow[MR];  // fp32 group code sums, for the mins term

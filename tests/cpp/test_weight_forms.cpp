@@ -192,12 +192,22 @@ TEST_P(WeightFormTest, ActivationBlocksMatchDequantizedMath) {
       auto value = [&](int64_t i) { return c.codebook ? int(c.codebook[uint8_t(q[size_t(i)])]) : int(q[size_t(i)]); };
       auto s = test::gaussian(g, size_t(E * N * G));
       auto mn = test::gaussian(g, size_t(E * N * G), 0.5f);
+      if (c.kquant) {  // dmin (11 significant bits) per run of 8 groups times 6-bit integers, as in the test above
+        const auto dmin = test::gaussian(g, size_t(E * N * G), 0.01f);
+        const auto m6 = test::ints(g, size_t(E * N * G), 0, 63);
+        for (int64_t i = 0; i < E * N * G; ++i) {
+          int ex = 0;
+          const float mant = std::frexp(float(dmin[size_t((i / G) * G + (i % G) / 8 * 8)]), &ex);
+          mn[size_t(i)] = std::ldexp(std::round(std::ldexp(mant, 11)), ex - 11) * float(m6[size_t(i)]);
+        }
+      }
       PackedExperts p = c.int4 ? pack_int4(q.data(), E, N, K, s.data(), c.group, nullptr, c.codebook, c.mins ? mn.data() : nullptr)
                                : pack_int8(q.data(), E, N, K, s.data(), c.group, c.mins ? mn.data() : nullptr);
       if (kd->supports && !kd->supports(p)) continue;
       set_act_block(p, B);
       set_kernel(p, kd);
-      EXPECT_EQ(p.imin_groups, 0) << "activation blocks take float mins";
+      // integer mins stay where one block covers a run of 8 groups (Q8_K's 256 over a K-quant's 8 x 32)
+      EXPECT_EQ(p.imin_groups, c.kquant && kd->int_mins && B == 8 * gl ? 8 : 0) << "integer mins";
       ++ran;
       // activations whose blocks differ in range by 2^10, so a per-row scale would lose the small blocks
       auto x = test::gaussian(g, size_t(R * K));

@@ -54,7 +54,8 @@ inline void int_mins_row(const PackedExperts& w, int64_t e, int64_t b, int64_t n
           const int64_t p = 2 * (s * (kIMinRun / 2) + q);
           acc += uint32_t(int32_t(m[0]) * as[p] + int32_t(m[1]) * as[p + 1]);
         }
-        sum = std::fma(float(int32_t(acc)), f.dmn_run(j, s)[n], sum);
+        const float bs = a.bscale ? a.bscale[row * a.G + s * kIMinRun] : 1.f;  // activation blocks: one per run
+        sum = std::fma(float(int32_t(acc)) * bs, f.dmn_run(j, s)[n], sum);
       }
       corr[16 * j + n] = sum;
     }

@@ -75,9 +75,10 @@ struct IntForms : IntFormBlock {
 };
 
 // corr[h][8] = sum over runs of dmin * (int32 sum over the run's groups of imin * code sum) for the H halves
-// of one row (asum16: its int16 code sums, pairs zero-padded to whole runs).
+// of one row (asum16: its int16 code sums, pairs zero-padded to whole runs; bs: with activation blocks, the row's
+// scale per group, one block per run, multiplying each run's converted sum first).
 template <int H>
-void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, float (*corr)[8]) {
+void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, const float* bs, float (*corr)[8]) {
   _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
     const int64_t j = h / 2, c8 = (h % 2) * 8;
     __m256 sum = _mm256_setzero_ps();
@@ -90,7 +91,9 @@ void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, float (*corr)[8
         const __m256i pr = _mm256_load_si256(reinterpret_cast<const __m256i*>(f.imn_pair(j, p) + 2 * c8));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pr, _mm256_set1_epi32(pair)));
       }
-      sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_load_ps(f.dmn_run(j, s) + c8), sum);
+      __m256 x = _mm256_cvtepi32_ps(acc);
+      if (bs) x = _mm256_mul_ps(x, _mm256_set1_ps(bs[s * kIMinRun]));
+      sum = _mm256_fmadd_ps(x, _mm256_load_ps(f.dmn_run(j, s) + c8), sum);
     }
     _mm256_store_ps(corr[h], sum);
   }
@@ -140,7 +143,7 @@ struct IntAvx2 {
       // dmin once (as int_mins_term on AVX-512): about 1.5 ops per group instead of 7 for fp32 mins.
       alignas(32) float corr[MR == 1 ? H : 1][8];
       const bool run_mins = !kA16 && MR == 1 && kInt4 && has_mins && forms.imn;
-      if (run_mins) int_mins_term_ymm<H>(forms, a.asum16 + a.row_idx[r0] * a.G2, corr);
+      if (run_mins) int_mins_term_ymm<H>(forms, a.asum16 + a.row_idx[r0] * a.G2, bsr[0], corr);
       const int zc = has_zeros ? 0 : kInt4 ? (C == Codes::kSigned ? 0 : w.code_zero) : (D != IntDot::kMaddubs ? 128 : 0);
       NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
       const ScaleIndex sx(w, e, b, G);

@@ -104,7 +104,8 @@ inline void fnmadd_bcast(__m512& acc, __m512 m, const float* p) {
 enum class Offset { kImplicit, kZeros, kMins, kIntMins };
 
 // corr[r][j][16] = dmin * sum over the run's groups of imin * asum, summed over runs of
-// imin_groups groups (exact int32 sums per run: derive_int_mins bounds them). Out of line and before
+// imin_groups groups (exact int32 sums per run: derive_int_mins bounds them); with activation blocks (one per
+// run) each run's converted sum times its block scale first. Out of line and before
 // the main loop, so that loop's registers are those of the other offset forms.
 template <int MR, int NJ>
 __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0,
@@ -138,7 +139,11 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
     }
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
       const __m512 dv = _mm512_load_ps(dm + (j * runs + s) * 16);
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) sum[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), dv, sum[r][j]);
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+        __m512 f = _mm512_cvtepi32_ps(acc[r][j]);
+        if (a.bscale) f = _mm512_mul_ps(f, _mm512_set1_ps(a.bscale[a.row_idx[r0 + r] * a.G + s * kIMinRun]));
+        sum[r][j] = _mm512_fmadd_ps(f, dv, sum[r][j]);
+      }
     }
   }
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)

@@ -188,7 +188,7 @@ struct ActBuffer {
     if (imins) std::fill(asum16.begin() + row * G2 + G, asum16.begin() + (row + 1) * G2, int16_t(0));  // whole runs
   }
   // A8 with activation blocks: code sums per piece; for mins, per group the sum over its pieces of
-  // float(code sum) * block scale, in piece order (no integer mins: set_act_block drops them).
+  // float(code sum) * block scale, in piece order; integer mins (one block per run of groups) the int16 sums.
   void finish_block_row(int64_t row) {
     const int8_t* qr = q.data() + row * Kp;
     const float* br = bs.data() + row * G * NP;
@@ -203,7 +203,9 @@ struct ActBuffer {
         fsum += float(sum) * br[gi * NP + pi];
       }
       if (mins) asum_f32[size_t(row * G + gi)] = fsum;
+      if (imins) asum16[size_t(row * G2 + gi)] = int16_t(asum[size_t(row * G + gi)]);  // NP = 1 (B >= gl)
     }
+    if (imins) std::fill(asum16.begin() + row * G2 + G, asum16.begin() + (row + 1) * G2, int16_t(0));
   }
   // A16, once the codes [0, K) are set: zero padding, code sums per piece and (mins) per group.
   void finish_a16_row(int64_t row) {

@@ -48,6 +48,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     for scheme, kernel in f["kernels"].items():
         insn = peak_insn(kernel)
         print(f"  {scheme:<10} {kernel:<24} {what[insn] if insn else 'no SIMD peak'}")
+    print("A8 activation blocks (int4_w4a8 / int8_w8a8; act_block=, --act-block): one int8 scale per token, or per "
+          f"{', '.join(map(str, api.ACT_BLOCKS))} channels; GGUF loads with ggml's (Q8_0 / Q8_1: 32, Q8_K: 256), "
+          "compressed-tensors per token. Every kernel above takes them.")
     print("registered kernels:")
     print(f"  {'name':<24} {'scheme':<10} {'isa':<12} tile")
     for k in _core.registered_kernels():
@@ -71,7 +74,20 @@ def _layer_list(s: str) -> List[int]:
     return out
 
 
-def _open_layer(path: str, layer: Optional[int], scheme: Optional[str]):
+def _act_block(v: str) -> object:
+    """--act-block: auto, none, or one of 32, 64, 128, 256."""
+    if v in ("auto", "none"):
+        return None if v == "none" else "auto"
+    if v.isdigit() and int(v) in (32, 64, 128, 256):
+        return int(v)
+    raise argparse.ArgumentTypeError(f"{v!r} is not auto, none, 32, 64, 128 or 256")
+
+
+ACT_BLOCK_HELP = ("A8 activation blocks: auto (default: what the file means; GGUF ggml's Q8_0 / Q8_K blocks), none "
+                  "(one scale per token), or 32, 64, 128, 256 channels per int8 scale")
+
+
+def _open_layer(path: str, layer: Optional[int], scheme: Optional[str], act_block: object = "auto"):
     """A converted layer directory (layer.json) or layer `layer` (default 0) of a checkpoint."""
     from .layer import MoELayer
 
@@ -80,7 +96,7 @@ def _open_layer(path: str, layer: Optional[int], scheme: Optional[str]):
             print(f"({path} is a converted layer, one layer already packed: --layer / --scheme are not used)",
                   file=sys.stderr)
         return MoELayer.load(path)
-    return MoELayer.from_pretrained(path, 0 if layer is None else layer, scheme)
+    return MoELayer.from_pretrained(path, 0 if layer is None else layer, scheme, act_block=act_block)
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -96,7 +112,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             return it
 
     for layer in tqdm(args.layers, desc="converting", unit="layer"):
-        m = MoELayer.from_pretrained(args.checkpoint, layer, args.scheme)
+        m = MoELayer.from_pretrained(args.checkpoint, layer, args.scheme, act_block=args.act_block)
         m.save(os.path.join(args.out, f"layer_{layer:03d}"))
     print(f"wrote {len(args.layers)} layer(s) to {args.out}")
     return 0
@@ -111,10 +127,11 @@ def cmd_run_ep(args: argparse.Namespace) -> int:
 
     comm = mpi().COMM_WORLD
     if os.path.isfile(os.path.join(args.checkpoint, "layer.json")):   # converted: mapped, then split
-        m = EPMoELayer.from_layer(_open_layer(args.checkpoint, args.layer, args.scheme), comm, exact=args.exact)
+        m = EPMoELayer.from_layer(_open_layer(args.checkpoint, args.layer, args.scheme, args.act_block), comm,
+                                  exact=args.exact)
     else:
         m = EPMoELayer.from_pretrained(args.checkpoint, 0 if args.layer is None else args.layer, args.scheme,
-                                       comm=comm, exact=args.exact)
+                                       comm=comm, exact=args.exact, act_block=args.act_block)
     say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
     for line in comm.allgather(repr(m)):
         say(line)
@@ -138,7 +155,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     (dequantized) weights, and the time per call."""
     if args.ep:
         return cmd_run_ep(args)
-    m = _open_layer(args.checkpoint, args.layer, args.scheme)
+    m = _open_layer(args.checkpoint, args.layer, args.scheme, args.act_block)
     print(m)
     x = np.random.default_rng(args.seed).standard_normal((args.tokens, m.hidden_size), dtype=np.float32)
     out = m(x)
@@ -167,6 +184,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True, help="output directory (one layer_NNN directory per layer)")
     c.add_argument("--layers", required=True, type=_layer_list, help="layer numbers, e.g. 1,3-5")
     c.add_argument("--scheme", default=None, choices=SCHEMES, help=SCHEME_HELP)
+    c.add_argument("--act-block", type=_act_block, default="auto", help=ACT_BLOCK_HELP)
     r = sub.add_parser("run", help="random tokens through one layer: accuracy vs float64 and speed")
     r.add_argument("--checkpoint", required=True, help="checkpoint, or a directory written by convert")
     r.add_argument("--layer", type=at_least(0, int, "a layer number"), default=None,
@@ -174,6 +192,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--tokens", type=at_least(1, int, "a token count"), default=32,
                    help="number of random tokens (default 32)")
     r.add_argument("--scheme", default=None, choices=SCHEMES, help=SCHEME_HELP)
+    r.add_argument("--act-block", type=_act_block, default="auto", help=ACT_BLOCK_HELP)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--min-time", type=at_least(0, float, "seconds"), default=0.3, help="seconds of timed calls")
     r.add_argument("--ep", action="store_true", help="expert parallel over MPI: mpirun -np N moe-cpu run --ep ...")

@@ -293,6 +293,12 @@ class MoELayer:
         return self.w13.scheme
 
     @property
+    def act_blocks(self) -> Tuple[Optional[int], Optional[int]]:
+        """A8 activation blocks of (w13, w2): an int (one int8 scale per that many channels of a token) or None
+        (one per token; also for A16 / fp8 / bf16). docs/numerics.md, "Activation blocks"."""
+        return self.w13.act_block, self.w2.act_block
+
+    @property
     def has_shared_expert(self) -> bool:
         """True when a shared expert is added to every token's output."""
         return self.shared_w13 is not None
@@ -398,10 +404,12 @@ class MoELayer:
             quant = {"fp8_w8a16": f"block {w.block_size}", "bf16": ""}.get(w.scheme, f"group {w.group_size}").replace("group -1", "per channel")
             if w.form not in ("int4", "int8", "fp8", "bf16"):
                 quant += f", {w.form}"
+            if w.scheme in api.A8_SCHEMES:
+                quant += ", activations per token" if w.act_block is None else f", activation blocks of {w.act_block}"
             return f"{w.scheme}{' (' + quant + ')' if quant else ''}, kernel {w.kernel}"
 
         w13, w2 = self.w13, self.w2
-        same = (w13.scheme, w13.form, w13.group_size) == (w2.scheme, w2.form, w2.group_size)
+        same = (w13.scheme, w13.form, w13.group_size, w13.act_block) == (w2.scheme, w2.form, w2.group_size, w2.act_block)
         weights = desc(w13) if same else f"w13 {desc(w13)}; w2 {desc(w2)}"
         biases = ", with biases" if self.w13_bias is not None or self.w2_bias is not None else ""
         lines = [f"MoELayer(E={self.num_experts}, H={self.hidden_size}, I={self.intermediate_size}, "

@@ -50,7 +50,7 @@ def _subset(lw: LayerWeights, experts: Optional[Sequence[int]]) -> LayerWeights:
 
 def load_layer(path: Union[PathLike, Sequence[PathLike]], layer_idx: int, scheme: Optional[str] = None, *,
                group_size: Optional[int] = None, block_size: Tuple[int, int] = (128, 128),
-               experts: Optional[Sequence[int]] = None) -> LayerWeights:
+               experts: Optional[Sequence[int]] = None, act_block: object = "auto") -> LayerWeights:
     """Load the MoE layer ``layer_idx`` of a checkpoint into a :class:`LayerWeights`.
 
     Args:
@@ -71,6 +71,11 @@ def load_layer(path: Union[PathLike, Sequence[PathLike]], layer_idx: int, scheme
         block_size: fp8 ``(bn, bk)`` when quantizing float weights to fp8_w8a16.
         experts: global expert ids to load (expert parallelism): only their tensors are read and
             packed, in this order; the router, routing and shared expert are loaded whole.
+        act_block: the A8 activation blocks (docs/numerics.md): "auto" (default) runs what the file means: GGUF
+            types ggml's vec-dot blocks (Q8_0 / Q8_1: 32 for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4; Q8_K:
+            256 for Q4_K, Q5_K, Q6_K, IQ4_XS), compressed-tensors dynamic per-token files one scale per token;
+            None: one scale per token; 32, 64, 128 or 256: that block for every A8 projection (A16 / fp8 / bf16
+            layers refuse a block).
 
     Returns:
         LayerWeights: w13 ``[E, 2I, H]`` (gate rows then up rows), w2 ``[E, H, I]``, router
@@ -80,7 +85,10 @@ def load_layer(path: Union[PathLike, Sequence[PathLike]], layer_idx: int, scheme
         raise ValueError(f"layer_idx must be a non-negative int, got {layer_idx!r}")
     if scheme is not None and scheme not in SCHEMES:
         raise ValueError(f"scheme = {scheme!r} is not one of {SCHEMES} (or None)")
-    kw = dict(scheme=scheme, group_size=group_size, block_size=block_size, experts=experts)
+    if not (act_block is None or act_block == "auto" or (isinstance(act_block, int) and not isinstance(act_block, bool))):
+        raise ValueError(f"act_block = {act_block!r}: use 'auto' (what the file means), None (per token) or one of "
+                         "(32, 64, 128, 256)")
+    kw = dict(scheme=scheme, group_size=group_size, block_size=block_size, experts=experts, act_block=act_block)
     if isinstance(path, (list, tuple)):
         from .safetensors_loader import load_safetensors_layer
         return _subset(load_safetensors_layer(path, layer_idx, **kw), experts)

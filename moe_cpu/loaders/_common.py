@@ -112,6 +112,7 @@ class Source:
     zeros: bool = False
     act_order: bool = False
     a16: bool = False
+    act_block: Optional[int] = None   # A8: the activation block its format computes with (GGUF: ggml's vec-dot type)
 
 
 def check_expert_ids(experts: Optional[Sequence[int]], E: int) -> Optional[Tuple[int, ...]]:
@@ -222,11 +223,27 @@ class Stack:
     zeros: Optional[np.ndarray] = None
     g_idx: Optional[np.ndarray] = None
     codebook: Optional[Tuple[int, ...]] = None
+    act_block: Optional[int] = None
+
+
+def resolve_act_block(sources: Sequence[Source], scheme: str, requested: object) -> Optional[int]:
+    """The A8 activation block of a stack: ``requested`` (None: per token, or an int), or with "auto" what the
+    sources' format computes (the finest where they differ; per token if any source says so). Other schemes: None
+    for "auto", the request otherwise (packing refuses a block there, naming the scheme)."""
+    if isinstance(requested, str):
+        if requested != "auto":
+            raise ValueError(f"act_block = {requested!r}: use 'auto' (what the file means), None (per token) or "
+                             "one of (32, 64, 128, 256)")
+        if scheme not in A8:
+            return None
+        blocks = [s.act_block for s in sources]
+        return None if any(b is None for b in blocks) else min(blocks)
+    return requested
 
 
 def build_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: str,
                   group_size: Optional[int] = None, block: Tuple[int, int] = (128, 128),
-                  experts: Optional[Sequence[int]] = None) -> PackedExperts:
+                  experts: Optional[Sequence[int]] = None, act_block: object = "auto") -> PackedExperts:
     """Stream experts 0..E-1 of ``sources`` (stacked along rows) into one PackedExperts; with
     ``experts`` (global ids), only those, in that order: the others are never read.
 
@@ -235,12 +252,16 @@ def build_experts(sources: Sequence[Source], E: int, K: int, scheme: str, what: 
     whole stacked layer at once (groups and blocks never cross experts).
     """
     st = gather_experts(sources, E, K, scheme, what, group_size, block, experts)
-    return None if st is None else pack_stack(st, what)
+    if st is None:
+        return None
+    st.act_block = resolve_act_block(sources, scheme, act_block)
+    return pack_stack(st, what)
 
 
 def build_pair(w13: Sequence[Source], w2: Sequence[Source], E: int, H: int, I: int, schemes: Tuple[str, str],
                what: Tuple[str, str], group_size: Optional[int] = None, block: Tuple[int, int] = (128, 128),
-               experts: Optional[Sequence[int]] = None) -> Tuple[PackedExperts, PackedExperts, bool]:
+               experts: Optional[Sequence[int]] = None,
+               act_block: object = "auto") -> Tuple[PackedExperts, PackedExperts, bool]:
     """(w13, w2, folded) of a layer's gate/up and down sources; folded: a GPTQ act-order w2 was folded
     into w13's row order (``fold_act_order``), so w13's rows are no longer the checkpoint's."""
     s13 = gather_experts(w13, E, H, schemes[0], what[0], group_size, block, experts)
@@ -248,6 +269,8 @@ def build_pair(w13: Sequence[Source], w2: Sequence[Source], E: int, H: int, I: i
     if s13 is None:
         return None, None, False
     folded = fold_act_order(s13, s2, I)
+    s13.act_block = resolve_act_block(w13, schemes[0], act_block)
+    s2.act_block = resolve_act_block(w2, schemes[1], act_block)
     return pack_stack(s13, what[0]), pack_stack(s2, what[1]), folded
 
 
@@ -372,10 +395,13 @@ def pack_stack(st: Stack, what: str) -> PackedExperts:
     try:
         if st.scheme.startswith("int4"):
             return api.pack_int4(st.q, st.scales, group_size=st.group, zeros=st.zeros, codebook=st.codebook,
-                                 mins=st.mins, g_idx=st.g_idx, scheme=st.scheme)
+                                 mins=st.mins, g_idx=st.g_idx, scheme=st.scheme, act_block=st.act_block)
         if st.scheme.startswith("int8"):
             return api.pack_int8(st.q, st.scales, group_size=st.group, mins=st.mins, g_idx=st.g_idx,
-                                 scheme=st.scheme)
+                                 scheme=st.scheme, act_block=st.act_block)
+        if st.act_block is not None:
+            raise ValueError(f"act_block = {st.act_block}: activation blocks apply to the A8 schemes (int4_w4a8, "
+                             f"int8_w8a8); {st.scheme} weights take none (pass None)")
         if st.scheme == "fp8_w8a16":
             return api.pack_fp8(st.q, st.scales, block_size=st.group)
         return api.pack_bf16(st.q)

@@ -165,6 +165,10 @@ _QUANT: Dict[str, Tuple[str, int, int, int, Callable[[_Blocks], Part], Optional[
     "MXFP4": ("int4_w4a8", 32, 32, 17, _mxfp4, MXFP4_VALUES, False),
 }
 _FLOAT = ("BF16", "F16", "F32")
+# ggml's vec-dot type of each weight type (ggml-cpu's type traits), as the activation block it means: Q8_0 and Q8_1
+# are blocks of 32 (Q8_1 adds the block's sum, which the kernels keep exactly anyway), Q8_K blocks of 256.
+ACT_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32, "MXFP4": 32,
+             "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ4_XS": 256}
 
 
 def _type(t: Any) -> str:
@@ -254,7 +258,8 @@ class _File:
         if typ in _FLOAT:
             return Source(name, N, "float", -1, lambda e: _decode(t, t.data if E is None else t.data[e], N, K))
         native, g, _, _, _, cb, mins = _QUANT[typ]
-        return Source(name, N, native, g, lambda e: _decode(t, t.data if E is None else t.data[e], N, K), cb, mins)
+        return Source(name, N, native, g, lambda e: _decode(t, t.data if E is None else t.data[e], N, K), cb, mins,
+                      act_block=ACT_BLOCK[typ])
 
     def vector(self, name: str, ne: Tuple[int, ...]) -> np.ndarray:
         return _dequant(self.tensor(name, ne), name, tuple(ne[::-1]))
@@ -262,7 +267,7 @@ class _File:
 
 def load_gguf_layer(path: Any, layer_idx: int, scheme: Optional[str] = None,
                     group_size: Optional[int] = None, block_size: Tuple[int, int] = (128, 128),
-                    experts: Optional[Sequence[int]] = None) -> LayerWeights:
+                    experts: Optional[Sequence[int]] = None, act_block: object = "auto") -> LayerWeights:
     """Load layer ``layer_idx`` of a GGUF file (see ``moe_cpu.loaders.load_layer``)."""
     path = os.fspath(path)
     f = _File(path)
@@ -300,8 +305,8 @@ def load_gguf_layer(path: Any, layer_idx: int, scheme: Optional[str] = None,
     w2_src = [f.source(p + "ffn_down_exps.weight", H, I, E)]
     s13, s2 = resolve_pair(w13_src, w2_src, scheme, f"layer {layer_idx} routed experts")
     ids = check_expert_ids(experts, E)
-    w13 = build_experts(w13_src, E, H, s13, f"w13 ({w13_src[0].name}, ...)", group_size, block_size, ids)
-    w2 = build_experts(w2_src, E, I, s2, f"w2 ({w2_src[0].name})", group_size, block_size, ids)
+    w13 = build_experts(w13_src, E, H, s13, f"w13 ({w13_src[0].name}, ...)", group_size, block_size, ids, act_block)
+    w2 = build_experts(w2_src, E, I, s2, f"w2 ({w2_src[0].name})", group_size, block_size, ids, act_block)
     forms = f"{w13.form}/{w2.form}" if w13 is not None else f"{s13}/{s2}"
     gate = f.vector(p + "ffn_gate_inp.weight", (H, E))
 
@@ -325,8 +330,9 @@ def load_gguf_layer(path: Any, layer_idx: int, scheme: Optional[str] = None,
         s2 = [f.source(p + "ffn_down_shexp.weight", H, Is, None)]
         sch13, sch2 = resolve_pair(s13, s2, scheme, f"layer {layer_idx} shared expert")
         shared = [build_experts(s13, 1, H, sch13, f"shared_w13 ({p}ffn_gate_shexp, ffn_up_shexp)",
-                                group_size, block_size),
-                  build_experts(s2, 1, Is, sch2, f"shared_w2 ({p}ffn_down_shexp)", group_size, block_size)]
+                                group_size, block_size, act_block=act_block),
+                  build_experts(s2, 1, Is, sch2, f"shared_w2 ({p}ffn_down_shexp)", group_size, block_size,
+                                act_block=act_block)]
     elif conf.shared_intermediate_size:
         raise ValueError(f"missing tensor {p}ffn_gate_shexp.weight in {path}: "
                          f"{arch}.expert_shared_feed_forward_length declares a shared expert")

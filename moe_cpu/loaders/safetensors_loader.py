@@ -414,7 +414,7 @@ def _find_base(ck: _Checkpoint, L: int) -> str:
 def load_safetensors_layer(path: Any, layer_idx: int, scheme: Optional[str] = None,
                            group_size: Optional[int] = None,
                            block_size: Tuple[int, int] = (128, 128),
-                    experts: Optional[Sequence[int]] = None) -> LayerWeights:
+                    experts: Optional[Sequence[int]] = None, act_block: object = "auto") -> LayerWeights:
     """Load layer ``layer_idx`` of a safetensors checkpoint (see ``moe_cpu.loaders.load_layer``)."""
     files, cfg_path = _files(path)
     if not os.path.isfile(cfg_path):
@@ -467,7 +467,7 @@ def load_safetensors_layer(path: Any, layer_idx: int, scheme: Optional[str] = No
     sch = resolve_scheme(w13_src + w2_src, scheme, what)
     ids = check_expert_ids(experts, E)
     w13, w2, folded = build_pair(w13_src, w2_src, E, H, I, (sch, sch), (f"w13 ({w13_src[0].name}, ...)",
-                                 f"w2 ({w2_src[0].name})"), group_size, block_size, ids)
+                                 f"w2 ({w2_src[0].name})"), group_size, block_size, ids, act_block)
     if folded and w13_bias is not None:
         raise ValueError(f"{w2_src[0].name}: act-order with expert biases is not supported")
     gate = lay.vector(router + "weight", (E, H))
@@ -500,7 +500,7 @@ def load_safetensors_layer(path: Any, layer_idx: int, scheme: Optional[str] = No
         s2 = [lay.source(f"{sbase}down_proj", smod("down_proj"), H, Is)]
         ssch = resolve_scheme(s13 + s2, scheme, f"layer {layer_idx} shared expert")
         shared = list(build_pair(s13, s2, 1, H, Is, (ssch, ssch), (f"shared_w13 ({sbase}gate_proj, up_proj)",
-                                 f"shared_w2 ({sbase}down_proj)"), group_size, block_size)[:2])
+                                 f"shared_w2 ({sbase}down_proj)"), group_size, block_size, act_block=act_block)[:2])
         if ck.has(base + "shared_expert_gate.weight"):
             shared_gate = lay.vector(base + "shared_expert_gate.weight", (1, H)).reshape(H)
     return LayerWeights(w13=w13, w2=w2, gate=gate, config=conf, w13_bias=w13_bias, w2_bias=w2_bias,

@@ -78,8 +78,8 @@ def ref_of(p):
     d = p.unpack_quantized()
     if p.scheme.startswith("int4"):
         return ref.RefWeights.int4(d["qweight"], d["scales"], p.group_size, d["zeros"], d["codebook"], d["mins"],
-                                   scheme=p.scheme)
-    return ref.RefWeights.int8(d["qweight"], d["scales"], p.group_size, d["mins"], scheme=p.scheme)
+                                   scheme=p.scheme, act_block=p.act_block)
+    return ref.RefWeights.int8(d["qweight"], d["scales"], p.group_size, d["mins"], scheme=p.scheme, act_block=p.act_block)
 
 
 def check_layer(rng, lw, keep, M, k=2):
@@ -126,20 +126,32 @@ FORM = {"Q4_0": "int4", "Q4_1": "int4+codebook+mins", "Q5_0": "int8", "Q5_1": "i
         "IQ4_XS": "int4+codebook", "MXFP4": "int4+codebook"}
 
 
+# ggml's vec-dot type of each weight type (ggml-cpu's type traits): Q8_0 / Q8_1 blocks of 32, Q8_K of 256
+GGML_ACT_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32, "MXFP4": 32,
+                  "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ4_XS": 256}
+
+
 @pytest.mark.isa
 @pytest.mark.parametrize("M", [0, 1, 3, 257])
 @pytest.mark.parametrize("typ", TYPES)
 def test_layer_of_one_type(tmp_path, rng, typ, M):
     path, keep = moe_file(tmp_path, rng, (typ,) * 3)
-    lw = load_layer(path, L)      # GGUF keeps int8 activations by default, as llama.cpp computes them
+    lw = load_layer(path, L)      # GGUF keeps int8 activations by default, in ggml's blocks, as llama.cpp computes them
     assert lw.w13.form == lw.w2.form == FORM[typ] and lw.scheme in moe_cpu.A8_SCHEMES
+    assert lw.w13.act_block == lw.w2.act_block == GGML_ACT_BLOCK[typ]
     assert lw.w2.group_size == (16 if typ == "Q6_K" else 32)
     check_layer(rng, lw, keep, M)
     if M in (1, 257):             # 16-bit activations are one argument away, on every form
         a16 = lw.scheme[:-1] + "16"
         lw16 = load_layer(path, L, scheme=a16)
         assert lw16.scheme == lw16.w2.scheme == a16 and lw16.w13.form == FORM[typ]
+        assert lw16.w13.act_block is None
         check_layer(rng, lw16, keep, M)
+    if M == 3:                    # per token, or another block, on request
+        for block in (None, 64):
+            lwb = load_layer(path, L, act_block=block)
+            assert lwb.w13.act_block == lwb.w2.act_block == block
+            check_layer(rng, lwb, keep, M)
 
 
 @pytest.mark.isa

@@ -481,7 +481,8 @@ def ref_weights(exps, scheme):
         return ref.RefWeights.bf16(ref.float_to_bf16_bits(np.concatenate(exps, axis=1)))
     q = np.concatenate([e[0] for e in exps], axis=1)
     s = np.concatenate([e[1] for e in exps], axis=1)
-    return (ref.RefWeights.int4 if scheme == "int4_w4a8" else ref.RefWeights.int8)(q, s, 32)
+    # GGUF Q4_0 / Q8_0 run with ggml's Q8_0 activation blocks of 32 (load_layer's act_block="auto")
+    return (ref.RefWeights.int4 if scheme == "int4_w4a8" else ref.RefWeights.int8)(q, s, 32, act_block=32)
 
 
 @pytest.mark.isa
@@ -503,6 +504,7 @@ def test_gguf_qwen3moe(tmp_path, rng, types, scheme):
         assert_codes(lw.w2, weight=w2r.codes)
     else:
         assert lw.w13.group_size == lw.w2.group_size == 32
+        assert lw.w13.act_block == lw.w2.act_block == 32 and "activation blocks of 32" in repr(moe_cpu.MoELayer.from_weights(lw))
         assert_codes(lw.w13, qweight=w13r.codes, scales=w13r.scales)
         assert_codes(lw.w2, qweight=w2r.codes, scales=w2r.scales)
         # our reading of the blocks agrees with gguf's own dequantizer

@@ -60,7 +60,7 @@ run env MOE_CPU_EXPECT_ISA="$(ALL avx2)" qemu-x86_64 -cpu EPYC-Milan build/debug
 py_dispatch EPYC-Milan avx2
 py_refused EPYC-Milan avx512
 # The pytest subset: the kernel-dependent suites (numerics: every scheme x activation x option; weight forms;
-# act-order; dispatch) at the native level, ~400 tests, ~35 s under TCG. The whole `isa` set takes ~3 min there,
+# activation blocks; act-order; dispatch) at the native level, ~400 tests, ~35 s under TCG. The whole `isa` set takes ~3 min there,
 # over this stage's budget; what is left out runs the same avx2 kernels at MOE_CPU_ISA=avx2 in scripts/test.sh,
 # natively: the suites of layers, threads, amx, the GGUF / GPTQ / AWQ / MXFP4 / safetensors loaders, packed
 # files, outliers, the property test and the vLLM surface, and numerics' two slowest (test_gemm1_epilogue_pieces,
@@ -70,7 +70,7 @@ py_refused EPYC-Milan avx512
 echo "-- EPYC-Milan: pytest -m isa (subset), native level"
 (cd tests && run qemu-x86_64 -cpu EPYC-Milan "$PY" -m pytest -q -p no:cacheprovider -m isa \
   -k "not test_force_isa_changes_later_packing_only and not test_gemm1_epilogue_pieces and not test_layer_quantization_quality" \
-  python/test_numerics.py python/test_weight_forms.py \
+  python/test_numerics.py python/test_weight_forms.py python/test_act_blocks.py \
   python/test_act_order.py python/test_dispatch.py)
 
 echo "-- Nehalem (x86-64-v2, no AVX): GoogleTest (Debug), import, moe-cpu info, reference numerics"

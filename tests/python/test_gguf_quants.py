@@ -243,7 +243,14 @@ def test_cli_convert_then_run(tmp_path, rng, types):
     layer = moe_cpu.MoELayer.load(out / f"layer_{L:03d}")
     direct = load_layer(path, L)
     assert (layer.w13.form, layer.w2.form) == (direct.w13.form, direct.w2.form)
+    want = (32, 32) if types[0] == "MXFP4" else (256, 256)    # ggml's Q8_0 / Q8_K blocks, kept by the packed files
+    assert layer.act_blocks == (direct.w13.act_block, direct.w2.act_block) == want
     np.testing.assert_array_equal(layer.w2.unpack(), keep["ffn_down_exps.weight"])
+    per_token = cli("convert", "--checkpoint", path, "--out", tmp_path / "per_token", "--layers", L, "--act-block", "none")
+    assert per_token.returncode == 0, per_token.stderr
+    assert moe_cpu.MoELayer.load(tmp_path / "per_token" / f"layer_{L:03d}").act_blocks == (None, None)
+    bad = cli("convert", "--checkpoint", path, "--out", tmp_path / "bad", "--layers", L, "--act-block", "48")
+    assert bad.returncode != 0 and "'48' is not auto, none, 32, 64, 128 or 256" in bad.stderr
     for source in (path, out / f"layer_{L:03d}"):
         run = cli("run", "--checkpoint", source, "--layer", L, "--tokens", 8, "--min-time", 0.05)
         assert run.returncode == 0, run.stderr

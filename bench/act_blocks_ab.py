@@ -1,0 +1,83 @@
+"""What A8 activation blocks cost: each GGUF weight form packed twice from the same codes, per token and with the
+block ggml pairs with it (docs/numerics.md "Activation blocks"), called in alternating order in each round on one
+Qwen3-30B-A3B layer with the same routing; the median of the per-round time ratios (blocks / per token) is
+reported, robust to this shared host's drift, with the median times.
+
+    python bench/act_blocks_ab.py [--m 1,128,512] [--reps 15] [--forms q4_0,q8_0,...] [--threads 2]
+"""
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+import moe_cpu
+from moe_cpu.bench.random_forms import KSCALES, kquant_mins, kquant_scales
+from moe_cpu.forms import IQ4_NL_VALUES, UNSIGNED4
+
+# form -> (int4?, group, codebook, mins, ggml's activation block)
+FORMS = {
+    "q4_0": (True, 32, None, False, 32),
+    "q8_0": (False, 32, None, False, 32),
+    "q4_k": (True, 32, UNSIGNED4, True, 256),
+    "iq4_xs": (True, 32, IQ4_NL_VALUES, False, 256),
+    "q5_k": (False, 32, None, True, 256),
+    "q6_k": (False, 16, None, False, 256),
+    "int4_g128": (True, 128, None, False, 32),   # a g128 checkpoint asked for blocks of 32 (pieces)
+}
+
+
+def pack_pair(rng, form, E, N, K):
+    """(per token, with the block) PackedExperts of the same random codes."""
+    int4, g, cb, mins, block = FORMS[form]
+    s = (kquant_scales(rng, E, N, K // g, *KSCALES[form]) if form in KSCALES
+         else rng.random((E, N, K // g), dtype=np.float32) * 0.01)
+    m = kquant_mins(rng, E, N, K // g) if mins else None
+    if not int4:
+        q = rng.integers(-32, 32, (E, N, K), dtype=np.int8)
+        return tuple(moe_cpu.pack_int8(q, s, g, mins=m, act_block=b) for b in (None, block))
+    if cb is None:
+        q = rng.integers(-8, 8, (E, N, K), dtype=np.int8)
+        return tuple(moe_cpu.pack_int4(q, s, g, act_block=b) for b in (None, block))
+    u = rng.integers(0, 16, (E, N, K), dtype=np.uint8)
+    return tuple(moe_cpu.pack_int4(u, s, g, codebook=cb, mins=m, act_block=b) for b in (None, block))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", default="1,128,512")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--forms", default=",".join(FORMS))
+    ap.add_argument("--threads", type=int, default=None)
+    a = ap.parse_args()
+    if a.threads:
+        moe_cpu.set_num_threads(a.threads)
+    E, H, I, k = 128, 2048, 768, 8
+    rng = np.random.default_rng(0)
+    print(f"moe_cpu {moe_cpu.__version__}, ISA {moe_cpu.cpu_features()['isa']}, {moe_cpu.get_num_threads()} threads; "
+          f"Qwen3-30B-A3B layer (E {E}, H {H}, I {I}, top-{k}); blocks / per token, median of {a.reps} paired rounds")
+    print(f"{'form':<10} {'block':>5} {'M':>5} {'per token ms':>13} {'blocks ms':>10} {'ratio':>6}  kernel")
+    for form in a.forms.split(","):
+        w13 = pack_pair(rng, form, E, 2 * I, H)
+        w2 = pack_pair(rng, form, E, H, I)
+        for M in (int(v) for v in a.m.split(",")):
+            x = rng.standard_normal((M, H), dtype=np.float32)
+            times = ([], [])
+            ratios = []
+            for r in range(a.reps + 1):
+                logits = rng.standard_normal((M, E), dtype=np.float32)
+                tw, ti = moe_cpu.select_experts(logits, k, renormalize=True)
+                t = [0.0, 0.0]
+                for v in ((0, 1) if r % 2 else (1, 0)):
+                    t0 = time.perf_counter()
+                    moe_cpu.fused_experts(x, w13[v], w2[v], tw, ti)
+                    t[v] = time.perf_counter() - t0
+                if r:   # the first round warms up
+                    times[0].append(t[0]), times[1].append(t[1]), ratios.append(t[1] / t[0])
+            print(f"{form:<10} {FORMS[form][4]:>5} {M:>5} {1e3 * statistics.median(times[0]):>13.3f} "
+                  f"{1e3 * statistics.median(times[1]):>10.3f} {statistics.median(ratios):>6.3f}  {w13[1].kernel}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

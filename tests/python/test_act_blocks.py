@@ -157,3 +157,23 @@ def test_blocks_that_do_not_fit_the_weights_raise():
     g_idx = np.repeat(np.arange(4), 32)[::-1].copy()
     with pytest.raises(ValueError, match=r"act_block = 32: act-order weights \(g_idx\) take per-token activations only"):
         moe_cpu.pack_int4(np.zeros((1, 16, 128), np.int8), np.ones((1, 16, 4), np.float32), 32, g_idx=g_idx, act_block=32)
+
+
+@pytest.mark.parametrize("scheme,block", [("int4_w4a8", 32), ("int8_w8a8", 256), ("int4_w4a16", None)])
+def test_expert_subsets_keep_the_activations(rng, scheme, block):
+    """EPMoELayer.from_layer's take_experts: a rank's experts keep the scheme (A8 / A16) and the block, so they
+    compute what they computed in the whole layer (bit for bit)."""
+    from moe_cpu.distributed.take import take_experts
+    E, H, I, M = 6, 256, 256, 5
+    w13 = moe_cpu.quantize_experts(rng.standard_normal((E, 2 * I, H), dtype=np.float32), scheme, group_size=32,
+                                   act_block=block)
+    w2 = moe_cpu.quantize_experts(rng.standard_normal((E, H, I), dtype=np.float32), scheme, group_size=32,
+                                  act_block=block)
+    own = [4, 1]
+    s13, s2 = take_experts(w13, own), take_experts(w2, own)
+    assert (s13.scheme, s13.act_block, s2.act_block) == (scheme, block, block)
+    x = make_input(rng, M, H)
+    tw = np.ones((M, 1), np.float32)
+    got = moe_cpu.fused_experts(x, s13, s2, tw, np.zeros((M, 1), np.int32))       # local expert 0 = global 4
+    want = moe_cpu.fused_experts(x, w13, w2, tw, np.full((M, 1), 4, np.int32))
+    np.testing.assert_array_equal(got, want)

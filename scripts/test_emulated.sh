@@ -15,6 +15,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}
 PY=$(python3 -c 'import sys; print(sys.executable)')  # the interpreter itself (python3 may be a shell shim)
+# NumPy 2.4's bundled OpenBLAS takes qemu's Nehalem model for a "Katmai" and dies of SIGILL in `import numpy`
+# (SandyBridge and later are detected right); naming the core type keeps its SSE4.2 kernels on both emulated CPUs.
+export OPENBLAS_CORETYPE=Nehalem
 quiet() { grep -v "^qemu-x86_64: warning: TCG doesn't support requested feature" || true; }
 # Runs a command; prints its last lines, or its last 80 (failures included) and stops where it fails.
 run() {

@@ -1,0 +1,780 @@
+#!/usr/bin/env python3
+"""moe_cpu against ik_llama.cpp on the same GGUF files: time and error of one Qwen3-30B-A3B-shaped MoE block.
+
+What it builds
+    One-layer ``qwen3moe`` GGUF models written with gguf-py: H = 2048, 128 experts, expert FFN 768, top-8,
+    softmax routing renormalized over the chosen 8 (Qwen3-30B-A3B's MoE block). Everything llama.cpp needs to
+    load the model is there but kept tiny: a byte-level SPM vocabulary of 259 tokens, 2 query heads and 1 KV
+    head of 128, all norms 1. Weights are Gaussian with scale 1/sqrt(fan_in); experts are written in F16
+    (``--base-dtype f32`` for F32), the rest in F32. Each base file is quantized with the peer's
+    ``llama-quantize --pure <TYPE>`` (every 2-D tensor gets TYPE; llama-quantize keeps the router
+    ``ffn_gate_inp`` and the 1-D norms in F32, and the script prints the types it finds). A twin model is
+    built the same way with the same seeds, everything equal except that the expert FFN is 32 wide (its
+    down rows are then not whole 256-blocks, so for k-quant / IQ4_XS types llama-quantize gives the twin's
+    down tensor a fallback type: Q5_0, Q6_0, Q8_0 or IQ4_NL; printed). Files are cached under ``--work-dir``
+    (by shape, seed and type) and reused across runs.
+
+What it times (median over ``--reps`` rounds after warm-up; ik and moe_cpu interleaved in every round)
+    Inputs change from call to call (ik: the next M tokens of a random pool; moe_cpu: 8 random inputs per
+    M in turn), so decode calls route to other experts each time instead of re-reading cache-hot ones. Both
+    engines run OpenMP teams whose idle threads spin after a call, so the script pauses 20 ms whenever it
+    switches engine and, for calls under 50 ms, makes one untimed call before 3 timed ones.
+    ik:      one ``llama_decode`` of a batch of M tokens (positions 0..M-1, KV cache cleared before each call,
+             every token asks for its output so that no row is dropped before the FFN) on the full model,
+             MINUS the same call on the 32-wide twin in the same round. What is left is ik's MoE time beyond
+             the router: attention, norms, router logits, softmax / top-k, the output head and the graph
+             overhead cancel; the twin still does 32/768 of the expert work, so the difference leaves that
+             small part out (it favours ik slightly). The run-time options that matter for MoE are tried in
+             every combination given by ``--ik-configs`` (default: run-time repack ``rtr`` = model param
+             ``repack_tensors`` off/on x fused MoE up/gate ``fmoe`` = context param ``fused_moe_up_gate``
+             off/on; the wheel's other defaults are kept and printed) and the best is reported per M.
+             ``muge=1`` (model param ``merge_up_gate_exps``) can be added to a config; it corrupts the heap
+             on the 32-wide twin in this wheel, so with it the twin is loaded without it.
+    moe_cpu: ``MoELayer.from_pretrained(file, layer_idx=0)`` on the same quantized file (it reads the GGUF
+             blocks losslessly and by default quantizes activations in ggml's blocks: ``layer.act_blocks``),
+             called on M random float32 rows [M, 2048] with ``moe_cpu.set_num_threads(--threads)``. This
+             includes moe_cpu's router (logits, softmax, top-k), which the ik number does not; the column
+             "mc exp" times ``moe_cpu.fused_experts`` alone on precomputed routing for comparison.
+
+What it measures for error (relative L2 of the MoE block output, over the M rows)
+    The reference is float64 NumPy: the quantized file's expert tensors (gate / up / down) and router
+    dequantized with ``gguf.quants.dequantize``, routing from float64 router logits through
+    ``moe_cpu.select_experts(logits, 8, renormalize=True)``, experts through
+    ``moe_cpu.reference.fused_experts_float64``. The input rows are ik's own FFN input: a separate ik context
+    with an eval callback (``cb_eval`` in llama_context_params) copies the graph tensors ``ffn_inp_normed-0``
+    (the ffn_norm output, the MoE block's input) and the MoE output (``routed_out-0``, before the residual
+    add) during one decode of M tokens. ik's error compares that output with the reference on those rows;
+    moe_cpu's error compares ``layer(rows)`` with the same reference.
+
+The peer (bench-only, never a runtime dependency: moe_cpu never imports it; this script puts ``--ik-dir``
+first on sys.path for itself only)
+    pip install --no-deps --target /tmp/ikpeer ik-llama-cpp-python==0.1.5
+    (an AVX2 build of ik_llama.cpp's libllama / libggml with a ctypes API in ``ik_llama_cpp`` and the
+    ``llama-quantize`` binary in ``ik_llama_cpp/bin``). The script runs that command itself when
+    ``--ik-dir`` holds no copy (``--no-install`` only prints it).
+
+Usage
+    python bench/ik_peer.py --small                                  # tiny shape, a quick check of the plumbing
+    python bench/ik_peer.py --types Q4_0,Q8_0,Q4_K,IQ4_XS,Q5_K,Q6_K --m 1,128,512 --threads 2 --out r.json
+    MOE_CPU_ISA=avx2 python bench/ik_peer.py ...                     # moe_cpu on its AVX2 tier (as ik's wheel)
+    python bench/ik_peer.py --prepare-only                           # only write and quantize the GGUF files
+    python bench/ik_peer.py --small --list-nodes                     # print ik's graph nodes (name, op, shape)
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+IK_PACKAGE = "ik-llama-cpp-python==0.1.5"
+DEFAULT_TYPES = "Q4_0,Q8_0,Q4_K,IQ4_XS,Q5_K,Q6_K"
+DEFAULT_CONFIGS = "rtr=0,fmoe=1;rtr=1,fmoe=1;rtr=0,fmoe=0;rtr=1,fmoe=0"
+IN_NAME = "ffn_inp_normed-0"                            # the MoE block's input (after ffn_norm)
+OUT_NAMES = ("routed_out-0", "ffn_moe_out-0")           # the routed experts' output, before the residual add
+SWITCH_PAUSE_S = 0.02                                   # idle between ik and moe_cpu calls (OpenMP spin-down)
+SHORT_S, INNER = 0.05, 3                                # calls under 50 ms: one untimed call, then 3 timed ones
+POOL = 8                                                # moe_cpu inputs per M, used in turn
+
+
+# ------------------------------------------------------------------------------------------------ shapes
+@dataclass(frozen=True)
+class Shape:
+    H: int = 2048            # hidden
+    E: int = 128             # experts
+    I: int = 768             # expert FFN
+    I_twin: int = 32         # the twin's expert FFN
+    top_k: int = 8
+    n_head: int = 2          # attention kept tiny; n_head * head_dim must be a multiple of 256 (k-quants)
+    n_head_kv: int = 1
+    head_dim: int = 128
+    n_vocab: int = 259       # <unk> <s> </s> + 256 byte tokens
+
+    def tag(self, I: int) -> str:
+        return f"H{self.H}_E{self.E}_I{I}_k{self.top_k}"
+
+
+REAL = Shape()
+SMALL = Shape(H=256, E=8, I=256, top_k=2)
+
+
+# ------------------------------------------------------------------------------------------------ GGUF
+def _rng(seed: int, name: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+def _gauss(seed: int, name: str, shape: Tuple[int, ...], fan_in: int, dtype) -> np.ndarray:
+    """N(0, 1/fan_in) of ``shape`` in ``dtype``, drawn slice by slice (the expert tensors are ~200M values)."""
+    rng, out = _rng(seed, name), np.empty(shape, dtype)
+    s = np.float32(1.0 / np.sqrt(fan_in))
+    for i in range(shape[0]):
+        out[i] = rng.standard_normal(shape[1:], dtype=np.float32) * s
+    return out
+
+
+def write_base(path: str, sh: Shape, I: int, seed: int, base_dtype: str) -> None:
+    """A one-layer qwen3moe GGUF with expert FFN ``I``; everything but the experts is the same for any I."""
+    import gguf
+
+    H, E, hd = sh.H, sh.E, sh.head_dim
+    qd, kvd = sh.n_head * hd, sh.n_head_kv * hd
+    edt = np.float16 if base_dtype == "f16" else np.float32
+    tmp = path + ".part"
+    w = gguf.GGUFWriter(tmp, "qwen3moe")
+    w.add_name(f"ik_peer one-layer qwen3moe {sh.tag(I)}")
+    w.add_context_length(4096)
+    w.add_embedding_length(H)
+    w.add_block_count(1)
+    w.add_feed_forward_length(I)
+    w.add_head_count(sh.n_head)
+    w.add_head_count_kv(sh.n_head_kv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(E)
+    w.add_expert_used_count(sh.top_k)
+    w.add_expert_feed_forward_length(I)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if base_dtype == "f16" else gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    toks = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    w.add_token_list(toks)
+    w.add_token_scores([0.0] * len(toks))
+    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+                      + [gguf.TokenType.BYTE] * 256)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+    ones = lambda n: np.ones(n, np.float32)  # noqa: E731
+    f32 = lambda name, shape, fan_in: _gauss(seed, name, shape, fan_in, np.float32)  # noqa: E731
+    tensors = {
+        "token_embd.weight": _gauss(seed, "token_embd.weight", (sh.n_vocab, H), 1, np.float32),
+        "output_norm.weight": ones(H),
+        "output.weight": f32("output.weight", (sh.n_vocab, H), H),
+        "blk.0.attn_norm.weight": ones(H),
+        "blk.0.attn_q.weight": f32("blk.0.attn_q.weight", (qd, H), H),
+        "blk.0.attn_k.weight": f32("blk.0.attn_k.weight", (kvd, H), H),
+        "blk.0.attn_v.weight": f32("blk.0.attn_v.weight", (kvd, H), H),
+        "blk.0.attn_output.weight": f32("blk.0.attn_output.weight", (H, qd), qd),
+        "blk.0.attn_q_norm.weight": ones(hd),
+        "blk.0.attn_k_norm.weight": ones(hd),
+        "blk.0.ffn_norm.weight": ones(H),
+        "blk.0.ffn_gate_inp.weight": f32("blk.0.ffn_gate_inp.weight", (E, H), H),
+        # seeds name the width, so the twin's experts are their own draw (only their width matters)
+        "blk.0.ffn_gate_exps.weight": _gauss(seed, f"gate_exps{I}", (E, I, H), H, edt),
+        "blk.0.ffn_up_exps.weight": _gauss(seed, f"up_exps{I}", (E, I, H), H, edt),
+        "blk.0.ffn_down_exps.weight": _gauss(seed, f"down_exps{I}", (E, H, I), I, edt),
+    }
+    for name, t in tensors.items():
+        w.add_tensor(name, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+
+
+def gguf_types(path: str, ik_header: Optional[str] = None) -> Dict[str, str]:
+    """{tensor name: type name} from a GGUF header. gguf-py cannot open files with ik-only types (llama-quantize
+    falls back to ik's Q6_0 for Q5_K rows that are not whole 256-blocks), so this reads the tensor infos itself
+    and names type ids gguf-py does not know from ik's include/ggml.h."""
+    import struct
+
+    import gguf
+
+    names = {int(t): t.name for t in gguf.GGMLQuantizationType}
+    if ik_header and os.path.exists(ik_header):
+        import re
+
+        for m in re.finditer(r"GGML_TYPE_(\w+)\s*=\s*(\d+)", open(ik_header).read()):
+            names.setdefault(int(m.group(2)), m.group(1))
+    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    with open(path, "rb") as f:
+        rd = lambda fmt: struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]  # noqa: E731
+        rs = lambda: f.read(rd("Q")).decode(errors="replace")  # noqa: E731
+
+        def skip(vt: int) -> None:
+            if vt == 8:
+                rs()
+            elif vt == 9:
+                it, n = rd("I"), rd("Q")
+                if it in scalar:
+                    f.seek(n * struct.calcsize(scalar[it]), 1)
+                else:
+                    for _ in range(n):
+                        skip(it)
+            else:
+                f.seek(struct.calcsize(scalar[vt]), 1)
+
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        rd("I")
+        n_t, n_kv = rd("Q"), rd("Q")
+        for _ in range(n_kv):
+            rs()
+            skip(rd("I"))
+        out = {}
+        for _ in range(n_t):
+            name = rs()
+            f.seek(8 * rd("I"), 1)
+            typ = rd("I")
+            rd("Q")
+            out[name] = names.get(typ, f"type {typ}")
+    return out
+
+
+def quantize(qbin: str, base: str, out: str, typ: str, threads: int, log: List[str]) -> None:
+    cmd = [qbin, "--pure", base, out + ".part", typ, str(threads)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0 or not os.path.exists(out + ".part"):
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    # what llama-quantize says about tensors it could not give TYPE (e.g. 32-wide rows with 256-blocks)
+    log += [ln.strip() for ln in (p.stdout + p.stderr).splitlines() if "fallback" in ln.lower()
+            or "not divisible" in ln.lower() or "incompatible" in ln.lower()]
+    os.replace(out + ".part", out)
+
+
+# ------------------------------------------------------------------------------------------------ ik peer
+def ensure_ik(ik_dir: str, install: bool) -> None:
+    if os.path.exists(os.path.join(ik_dir, "ik_llama_cpp", "__init__.py")):
+        return
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", ik_dir, IK_PACKAGE]
+    print(f"ik_llama.cpp peer not found in {ik_dir}; install it with:\n    {' '.join(cmd[2:])}", flush=True)
+    if not install:
+        sys.exit(2)
+    if subprocess.run(cmd).returncode != 0 or not os.path.exists(os.path.join(ik_dir, "ik_llama_cpp")):
+        sys.exit(f"installing {IK_PACKAGE} into {ik_dir} failed; run the command above by hand")
+
+
+class _GgmlTensor(ctypes.Structure):
+    """struct ggml_tensor as in the wheel's include/ggml.h (GGML_MAX_DIMS 4, MAX_SRC 10, MAX_NAME 64,
+    MAX_OP_PARAMS 64); checked against ggml_get_name on the first callback."""
+    _fields_ = [("type", ctypes.c_int), ("backend", ctypes.c_int), ("buffer", ctypes.c_void_p),
+                ("ne", ctypes.c_int64 * 4), ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int),
+                ("op_params", ctypes.c_int32 * 16), ("flags", ctypes.c_int32), ("grad", ctypes.c_void_p),
+                ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p), ("view_offs", ctypes.c_size_t),
+                ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64), ("extra", ctypes.c_void_p)]
+
+
+@dataclass(frozen=True)
+class IkConfig:
+    rtr: bool = False        # llama_model_params.repack_tensors: run-time repack to the _R4 / _R8 row-interleaved types
+    fmoe: bool = True        # llama_context_params.fused_moe_up_gate: one op for the experts' up and gate
+    muge: bool = False       # llama_model_params.merge_up_gate_exps: up and gate in one tensor (full model only)
+
+    @staticmethod
+    def parse(s: str) -> "IkConfig":
+        kv = dict(p.split("=") for p in s.replace(" ", "").split(",") if p)
+        bad = set(kv) - {"rtr", "fmoe", "muge"}
+        if bad:
+            raise SystemExit(f"--ik-configs: unknown option(s) {sorted(bad)} (rtr, fmoe, muge)")
+        return IkConfig(**{k: v not in ("0", "false", "off") for k, v in kv.items()})
+
+    def name(self) -> str:
+        return f"rtr={int(self.rtr)},fmoe={int(self.fmoe)}" + (",muge=1" if self.muge else "")
+
+
+class Ik:
+    """ik_llama.cpp through the wheel's ctypes API (``ik_llama_cpp._ctypes_api``), plus a few symbols it
+    does not bind (the eval callback's tensor, logging, system info)."""
+
+    def __init__(self, ik_dir: str, threads: int, verbose: bool):
+        sys.path.insert(0, os.path.abspath(ik_dir))
+        import ik_llama_cpp
+        from ik_llama_cpp import _ctypes_api as C
+
+        self.C, self.lib, self.threads = C, C._lib, threads
+        self.dir = os.path.dirname(ik_llama_cpp.__file__)
+        self.log: List[str] = []
+        self._log_cb = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(
+            lambda level, text, ud: (self.log.append(text.decode(errors="replace")),
+                                     verbose and sys.stderr.write(text.decode(errors="replace"))) and None)
+        self.lib.llama_log_set.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self.lib.llama_log_set.restype = None
+        self.lib.llama_log_set(ctypes.cast(self._log_cb, ctypes.c_void_p), None)
+        self.lib.llama_print_system_info.restype = ctypes.c_char_p
+        self.lib.ggml_get_name.argtypes = [ctypes.c_void_p]
+        self.lib.ggml_get_name.restype = ctypes.c_char_p
+        C.llama_backend_init()
+        self.system_info = self.lib.llama_print_system_info().decode().strip()
+        self.version = getattr(ik_llama_cpp, "__version__", "?")
+        self.batch = None
+        self.cb_tensors: Dict[str, np.ndarray] = {}
+        self.cb_nodes: List[Tuple[str, int, Tuple[int, ...]]] = []
+        self.cb_wanted: Optional[set] = None       # None: every node (listing)
+        self._cb = C.ggml_backend_sched_eval_callback(self._eval)
+        self._layout_checked = False
+
+    def quantize_bin(self) -> str:
+        p = os.path.join(self.dir, "bin", "llama-quantize")
+        if not os.access(p, os.X_OK):
+            raise SystemExit(f"no llama-quantize in {p}")
+        return p
+
+    # -------------------------------------------------------------- models and contexts
+    def model_defaults(self) -> Dict[str, object]:
+        p = self.C.llama_model_default_params()
+        return {k: getattr(p, k) for k in ("use_mmap", "repack_tensors", "merge_up_gate_exps", "merge_qkv",
+                                          "flash_attn", "use_thp")}
+
+    def context_defaults(self) -> Dict[str, object]:
+        p = self.C.llama_context_default_params()
+        return {k: getattr(p, k) for k in ("flash_attn", "fused_moe_up_gate", "fused_up_gate", "fused_mmad",
+                                          "graph_reuse", "only_active_experts", "min_experts", "thresh_experts",
+                                          "rope_cache", "mla_attn", "attn_max_batch", "type_k", "type_v")}
+
+    def load(self, path: str, cfg: IkConfig) -> int:
+        p = self.C.llama_model_default_params()
+        p.use_mmap = False                 # weights in anonymous memory, as moe_cpu's packed copy; rtr needs it
+        p.repack_tensors = cfg.rtr
+        p.merge_up_gate_exps = cfg.muge
+        n = len(self.log)
+        m = self.C.llama_model_load_from_file(path.encode(), p)
+        if not m:
+            raise RuntimeError(f"ik could not load {path}:\n{''.join(self.log[n:])[-3000:]}")
+        return m
+
+    def context(self, model: int, cfg: IkConfig, n_max: int, callback: bool) -> int:
+        p = self.C.llama_context_default_params()
+        p.n_ctx = p.n_batch = p.n_ubatch = max(n_max, 32)
+        p.n_threads = p.n_threads_batch = self.threads
+        p.seed = 0
+        p.fused_moe_up_gate = cfg.fmoe
+        if callback:
+            p.cb_eval = self._cb
+        n = len(self.log)
+        c = self.C.llama_init_from_model(model, p)
+        if not c:
+            raise RuntimeError(f"ik could not make a context:\n{''.join(self.log[n:])[-3000:]}")
+        return c
+
+    def make_batch(self, n_max: int, n_vocab: int, seed: int) -> None:
+        C = self.C
+        b = C.llama_batch_init(n_max, 0, 1)
+        self.pool = [int(t) for t in np.random.default_rng(seed).integers(3, n_vocab, 4093)]
+        for i in range(n_max):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = self.pool[i], i, 1, 1
+            b.seq_id[i][0] = 0
+        self.batch, self.calls = b, 0
+
+    def decode(self, ctx: int, M: int, rotate: bool = False) -> float:
+        """Seconds for one llama_decode of M tokens at positions 0..M-1 (empty KV cache). ``rotate``: the next
+        M tokens of a random pool, so that successive calls route to other experts (no cache-hot experts)."""
+        self.C.llama_kv_cache_clear(ctx)
+        if rotate:
+            off, pool, tok = self.calls * M, self.pool, self.batch.token
+            for i in range(M):
+                tok[i] = pool[(off + i) % len(pool)]
+            self.calls += 1
+        self.batch.n_tokens = M
+        t0 = time.perf_counter()
+        rc = self.C.llama_decode(ctx, self.batch)
+        t = time.perf_counter() - t0
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+        return t
+
+    def free(self, ctx: Optional[int] = None, model: Optional[int] = None) -> None:
+        if ctx:
+            self.C.llama_free(ctx)
+        if model:
+            self.C.llama_free_model(model)
+
+    # -------------------------------------------------------------- eval callback
+    def _eval(self, t: int, ask: bool, ud: int) -> bool:
+        try:
+            tt = _GgmlTensor.from_address(t)
+            name = tt.name.decode(errors="replace")
+            if not self._layout_checked:
+                if self.lib.ggml_get_name(t).decode(errors="replace") != name:
+                    raise RuntimeError("struct ggml_tensor layout does not match this libggml")
+                self._layout_checked = True
+            if ask:
+                return self.cb_wanted is None or name in self.cb_wanted
+            ne = tuple(int(x) for x in tt.ne)
+            self.cb_nodes.append((name, int(tt.op), ne))
+            if tt.type == 0 and tt.data and (self.cb_wanted is None or name in self.cb_wanted):   # F32
+                nb = tuple(int(x) for x in tt.nb)
+                span = sum((n - 1) * s for n, s in zip(ne, nb)) + 4
+                raw = np.frombuffer((ctypes.c_char * span).from_address(tt.data), np.uint8)
+                a = np.lib.stride_tricks.as_strided(raw.view(np.float32) if nb[0] == 4 else raw,
+                                                    shape=ne[::-1], strides=nb[::-1])
+                self.cb_tensors[name] = np.array(a, np.float32).reshape(-1, ne[0])
+            return True
+        except Exception as e:   # an exception must not cross into C (False stops the graph)
+            self.cb_tensors["__error__"] = np.array([0])
+            self.log.append(f"eval callback: {e!r}\n")
+            return True
+
+    def capture(self, ctx: int, M: int, wanted: Optional[set]) -> Dict[str, np.ndarray]:
+        self.cb_tensors, self.cb_nodes, self.cb_wanted = {}, [], wanted
+        self.decode(ctx, M)
+        if "__error__" in self.cb_tensors:
+            raise RuntimeError("eval callback failed: " + "".join(self.log[-3:]))
+        return self.cb_tensors
+
+
+# ------------------------------------------------------------------------------------------------ reference
+class Reference:
+    """float64 MoE block of a quantized GGUF file: experts and router from gguf.quants.dequantize."""
+
+    def __init__(self, path: str, sh: Shape):
+        import gguf
+
+        r = gguf.GGUFReader(path, "r")
+        T = {t.name: t for t in r.tensors}
+        deq = lambda t, e=None: gguf.quants.dequantize(np.asarray(t.data if e is None else t.data[e]),  # noqa: E731
+                                                       t.tensor_type).astype(np.float32, copy=False)
+        g, u, d = (T[f"blk.0.ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
+        E, H, I = sh.E, sh.H, sh.I
+        self.w13 = np.empty((E, 2 * I, H), np.float32)   # rows [0, I) gate, [I, 2I) up (moe_cpu's order)
+        self.w2 = np.empty((E, H, I), np.float32)
+        for e in range(E):
+            self.w13[e, :I] = deq(g, e).reshape(I, H)
+            self.w13[e, I:] = deq(u, e).reshape(I, H)
+            self.w2[e] = deq(d, e).reshape(H, I)
+        self.gate = deq(T["blk.0.ffn_gate_inp.weight"]).reshape(E, H)
+        self.top_k = sh.top_k
+
+    def routing(self, x: np.ndarray):
+        import moe_cpu as mc
+
+        logits = (x.astype(np.float64) @ self.gate.astype(np.float64).T).astype(np.float32)
+        return mc.select_experts(logits, self.top_k, renormalize=True)
+
+    def __call__(self, x: np.ndarray, chunk: int = 16) -> np.ndarray:
+        from moe_cpu.reference import fused_experts_float64
+
+        w, ids = self.routing(x)
+        E, out = self.w13.shape[0], np.zeros((x.shape[0], self.w2.shape[1]))
+        for e0 in range(0, E, chunk):       # a few experts at a time: float64 copies of all of them are ~5 GB
+            e1 = min(E, e0 + chunk)
+            emap = np.full(E, -1, np.int32)
+            emap[e0:e1] = np.arange(e1 - e0, dtype=np.int32)
+            out += fused_experts_float64(x, self.w13[e0:e1], self.w2[e0:e1], w, ids, "silu", expert_map=emap)
+        return out
+
+
+def rel_l2(a: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(a.astype(np.float64) - ref) / np.linalg.norm(ref))
+
+
+# ------------------------------------------------------------------------------------------------ host
+def host_info(ik: Ik) -> Dict[str, object]:
+    import moe_cpu as mc
+
+    model = platform.processor()
+    try:
+        for ln in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if ln.startswith("Model name:"):
+                model = ln.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    f = mc.cpu_features()
+    return {"cpu": model, "nproc": os.cpu_count(), "loadavg_start": os.getloadavg(), "moe_cpu_isa": f["isa"],
+            "moe_cpu_active": f["active"],
+            "moe_cpu_kernels": f["kernels"], "MOE_CPU_ISA": os.environ.get("MOE_CPU_ISA", ""),
+            "ik_version": ik.version, "ik_system_info": ik.system_info,
+            "ik_model_defaults": ik.model_defaults(), "ik_context_defaults": ik.context_defaults()}
+
+
+# ------------------------------------------------------------------------------------------------ one type
+def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfiles: Dict[str, str],
+               Ms: List[int]) -> Dict[str, object]:
+    import moe_cpu as mc
+
+    full, twin = qfiles["full"], qfiles["twin"]
+    hdr = os.path.join(args.ik_dir, "include", "ggml.h")
+    types_full, types_twin = gguf_types(full, hdr), gguf_types(twin, hdr)
+    res: Dict[str, object] = {"type": typ, "file": full, "twin": twin,
+                              "tensor_types": {k: v for k, v in types_full.items() if k.startswith("blk.")},
+                              "twin_tensor_types": {k: v for k, v in types_twin.items() if "exps" in k}}
+    import gguf
+
+    res["gguf_expert_bytes"] = int(sum(int(t.n_bytes) for t in gguf.GGUFReader(full, "r").tensors
+                                       if "_exps." in t.name))
+    t0 = time.perf_counter()
+    layer = mc.MoELayer.from_pretrained(full, layer_idx=0)
+    res["mc_load_s"] = time.perf_counter() - t0
+    res["mc"] = {"w13": {"form": layer.w13.form, "kernel": layer.w13.kernel, "scheme": layer.w13.scheme},
+                 "w2": {"form": layer.w2.form, "kernel": layer.w2.kernel, "scheme": layer.w2.scheme},
+                 "act_blocks": list(layer.act_blocks), "nbytes": int(layer.w13.nbytes + layer.w2.nbytes)}
+    mc.set_num_threads(args.threads)
+    n_max = max(Ms)
+    rng = np.random.default_rng(args.seed + 1)
+    # a pool of inputs per M, used in turn, so that successive calls route to other experts (as ik's tokens)
+    xs = {M: [rng.standard_normal((M, sh.H), dtype=np.float32) for _ in range(POOL)] for M in Ms}
+    routes = {M: [mc.select_experts(x @ layer.gate.T, sh.top_k, renormalize=True) for x in xs[M]] for M in Ms}
+    turn = {"mc": 0, "mc_exp": 0}
+
+    # ik: a full and a twin model per model config, one timing context per (config)
+    models: Dict[Tuple[bool, bool], Tuple[int, int]] = {}
+    ctxs: Dict[IkConfig, Tuple[int, int]] = {}
+    for c in configs:
+        key = (c.rtr, c.muge)
+        if key not in models:
+            t0 = time.perf_counter()
+            # muge on the 32-wide twin corrupts the heap in this wheel: its twin keeps up and gate apart
+            models[key] = (ik.load(full, c), ik.load(twin, IkConfig(c.rtr, c.fmoe, False)))
+            res.setdefault("ik_load_s", {})[f"rtr={int(c.rtr)},muge={int(c.muge)}"] = time.perf_counter() - t0
+        mf, mt = models[key]
+        ctxs[c] = (ik.context(mf, c, n_max, False), ik.context(mt, c, n_max, False))
+
+    def mc_layer(M):
+        x = xs[M][turn["mc"] % POOL]
+        turn["mc"] += 1
+        t0 = time.perf_counter()
+        layer(x)
+        return time.perf_counter() - t0
+
+    def mc_experts(M):
+        j = turn["mc_exp"] % POOL
+        turn["mc_exp"] += 1
+        (w, ids), x = routes[M][j], xs[M][j]
+        t0 = time.perf_counter()
+        mc.fused_experts(x, layer.w13, layer.w2, w, ids, activation="silu")
+        return time.perf_counter() - t0
+
+    # Both engines run OpenMP teams (two libgomp copies) whose idle threads spin for a while (~10 ms on this
+    # kind of host) after each call and would steal the cores from the other engine. So: a pause whenever the
+    # engine changes, then for calls under SHORT_S one untimed call (wakes the team) and INNER timed calls.
+    # ik and moe_cpu alternate in every round, and their order (and that of the ik configs) flips each round.
+    est: Dict[int, float] = {}
+    for M in Ms:
+        for _ in range(args.warmup):
+            for c in configs:
+                est[M] = max(est.get(M, 0.0), ik.decode(ctxs[c][0], M, True))
+                ik.decode(ctxs[c][1], M, True)
+            time.sleep(SWITCH_PAUSE_S)
+            est[M] = max(est[M], mc_layer(M))
+            mc_experts(M)
+            time.sleep(SWITCH_PAUSE_S)
+    T = {M: {"mc": [], "mc_exp": [], **{c.name(): {"full": [], "twin": []} for c in configs}} for M in Ms}
+
+    def timed(fn, M):
+        short = est[M] < SHORT_S
+        if short:
+            fn(M)
+        return [fn(M) for _ in range(INNER if short else 1)]
+
+    for r in range(args.reps):
+        for M in Ms:
+            def run_ik():
+                time.sleep(SWITCH_PAUSE_S)
+                for c in (configs if r % 2 == 0 else configs[::-1]):
+                    T[M][c.name()]["full"] += timed(lambda m: ik.decode(ctxs[c][0], m, True), M)
+                    T[M][c.name()]["twin"] += timed(lambda m: ik.decode(ctxs[c][1], m, True), M)
+
+            def run_mc():
+                time.sleep(SWITCH_PAUSE_S)
+                T[M]["mc"] += timed(mc_layer, M)
+                T[M]["mc_exp"] += timed(mc_experts, M)
+
+            for f in ((run_ik, run_mc) if r % 2 == 0 else (run_mc, run_ik)):
+                f()
+    for c in configs:
+        ik.free(ctxs[c][0]), ik.free(ctxs[c][1])
+
+    # errors: one capture decode per (config, M) on a context with the eval callback
+    refs: List[Tuple[np.ndarray, np.ndarray]] = []     # (x, float64 reference) cache
+    t0 = time.perf_counter()
+    reference = Reference(full, sh)
+    res["ref_dequant_s"] = time.perf_counter() - t0
+
+    def ref_of(x):
+        for xx, rr in refs:
+            if xx.shape == x.shape and np.array_equal(xx, x):
+                return rr
+        rr = reference(x)
+        refs.append((x, rr))
+        return rr
+
+    per_m: Dict[int, Dict[str, object]] = {}
+    for M in Ms:
+        d: Dict[str, object] = {"ik": {}}
+        for ci, c in enumerate(configs):
+            # muge merges up and gate when a context is made, once per model: give that one a fresh model
+            model = ik.load(full, c) if c.muge else models[(c.rtr, c.muge)][0]
+            ctx = ik.context(model, c, n_max, True)
+            got = ik.capture(ctx, M, {IN_NAME, *OUT_NAMES})
+            ik.free(ctx, model if c.muge else None)
+            out_name = next((n for n in OUT_NAMES if n in got), None)
+            if IN_NAME not in got or out_name is None:
+                raise RuntimeError(f"ik's graph has no {IN_NAME} / {OUT_NAMES} (see --list-nodes); got {list(got)}")
+            x, y = got[IN_NAME], got[out_name]
+            if x.shape != (M, sh.H) or y.shape != (M, sh.H):
+                raise RuntimeError(f"captured {IN_NAME} {x.shape}, {out_name} {y.shape}; expected ({M}, {sh.H})")
+            ref = ref_of(x)
+            full_t, twin_t = np.array(T[M][c.name()]["full"]), np.array(T[M][c.name()]["twin"])
+            d["ik"][c.name()] = {"err": rel_l2(y, ref), "out_tensor": out_name,
+                                 "ms": float(np.median(full_t - twin_t)) * 1e3,
+                                 "full_ms": float(np.median(full_t)) * 1e3, "twin_ms": float(np.median(twin_t)) * 1e3}
+            if ci == 0:
+                time.sleep(SWITCH_PAUSE_S)
+                d["mc_err"] = rel_l2(layer(x), ref)
+                w, ids = reference.routing(x)
+                d["mc_exp_err"] = rel_l2(mc.fused_experts(x, layer.w13, layer.w2, w, ids, activation="silu"), ref)
+        d["mc_ms"] = float(np.median(T[M]["mc"])) * 1e3
+        d["mc_exp_ms"] = float(np.median(T[M]["mc_exp"])) * 1e3
+        best = min(d["ik"], key=lambda k: d["ik"][k]["ms"])
+        d["ik_best"] = best
+        # weight bytes the experts touch (the expected number of distinct experts for M random routings), per
+        # second of each engine's time: ik reads the GGUF blocks (or their repacked twins), moe_cpu its packing
+        touched = (1 - (1 - sh.top_k / sh.E) ** M)
+        b = d["ik"][best]["ms"] / 1e3
+        d["ik_GBps"] = res["gguf_expert_bytes"] * touched / b / 1e9 if b > 0 else float("nan")
+        d["mc_GBps"] = res["mc"]["nbytes"] * touched / (d["mc_ms"] / 1e3) / 1e9
+        per_m[M] = d
+    res["M"] = per_m
+    for mf, mt in models.values():
+        ik.free(model=mf), ik.free(model=mt)
+    del layer, reference
+    return res
+
+
+def print_type(res: Dict[str, object]) -> None:
+    tt = res["tensor_types"]
+    exps = "/".join(tt.get(f"blk.0.ffn_{n}_exps.weight", "?") for n in ("gate", "up", "down"))
+    tw = res["twin_tensor_types"].get("blk.0.ffn_down_exps.weight", "?")
+    m = res["mc"]
+    print(f"\n== {res['type']} (load average after: {', '.join(f'{x:.1f}' for x in res['loadavg_after'])})"
+          f": experts gate/up/down {exps} ({res['gguf_expert_bytes'] / 2**20:.0f} MiB), router "
+          f"{tt.get('blk.0.ffn_gate_inp.weight')}, attention {tt.get('blk.0.attn_q.weight')}; twin's down {tw}")
+    print(f"   moe_cpu: w13 {m['w13']['form']} ({m['w13']['kernel']}), w2 {m['w2']['form']} ({m['w2']['kernel']}), "
+          f"act_blocks {tuple(m['act_blocks'])}, {m['nbytes'] / 2**20:.0f} MiB packed")
+    print(f"   {'M':>4} | {'ik ms':>8} | {'moe_cpu ms':>10} | {'ik/mc':>5} | {'mc exp ms':>9} | {'ik GB/s':>7} | "
+          f"{'mc GB/s':>7} | {'ik err':>8} | {'mc err':>8} | ik config")
+    for M, d in res["M"].items():
+        b = d["ik"][d["ik_best"]]
+        print(f"   {M:>4} | {b['ms']:>8.3f} | {d['mc_ms']:>10.3f} | {b['ms'] / d['mc_ms']:>5.2f} | "
+              f"{d['mc_exp_ms']:>9.3f} | {d['ik_GBps']:>7.1f} | {d['mc_GBps']:>7.1f} | "
+              f"{b['err']:>8.2e} | {d['mc_err']:>8.2e} | {d['ik_best']}")
+    for M, d in res["M"].items():
+        print(f"   ik M={M:<4} per config, MoE ms = full - twin (err): " + "  ".join(
+            f"{k} {v['ms']:.3f} = {v['full_ms']:.3f} - {v['twin_ms']:.3f} ({v['err']:.2e})"
+            for k, v in d["ik"].items()))
+
+
+# ------------------------------------------------------------------------------------------------ main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="See the module docstring.")
+    ap.add_argument("--types", default=DEFAULT_TYPES, help=f"llama-quantize types (default {DEFAULT_TYPES})")
+    ap.add_argument("--m", default="1,128,512", help="batch sizes M (default 1,128,512)")
+    ap.add_argument("--threads", type=int, default=2, help="threads for both (default 2)")
+    ap.add_argument("--reps", type=int, default=7, help="timed rounds (default 7)")
+    ap.add_argument("--warmup", type=int, default=2, help="warm-up calls per engine and M (default 2)")
+    ap.add_argument("--small", action="store_true", help="tiny shape (H 256, 8 experts, FFN 256, top-2)")
+    ap.add_argument("--ik-dir", default="/tmp/ikpeer", help="where the peer wheel lives (default /tmp/ikpeer)")
+    ap.add_argument("--no-install", action="store_true", help="do not pip-install the peer, only print the command")
+    ap.add_argument("--ik-configs", default=DEFAULT_CONFIGS,
+                    help=f"ik option sets to try, ';'-separated (rtr, fmoe, muge; default {DEFAULT_CONFIGS!r})")
+    ap.add_argument("--work-dir", default="/tmp/ik_peer_models", help="GGUF cache (default /tmp/ik_peer_models)")
+    ap.add_argument("--base-dtype", choices=("f16", "f32"), default="f16", help="experts in the base file")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="write all results as JSON here")
+    ap.add_argument("--prepare-only", action="store_true", help="write and quantize the GGUF files, then exit")
+    ap.add_argument("--list-nodes", action="store_true",
+                    help="print ik's graph nodes for the first type and M, then exit")
+    ap.add_argument("--verbose", action="store_true", help="show ik's log")
+    args = ap.parse_args()
+
+    sh = SMALL if args.small else REAL
+    Ms = [int(m) for m in args.m.split(",") if m]
+    types = [t.strip() for t in args.types.split(",") if t.strip()]
+    configs = [IkConfig.parse(s) for s in args.ik_configs.split(";") if s.strip()]
+    ensure_ik(args.ik_dir, not args.no_install)
+    ik = Ik(args.ik_dir, args.threads, args.verbose)
+    import moe_cpu as mc   # after the peer is set up; moe_cpu itself never sees it
+
+    host = host_info(ik)
+    print(f"host: {host['cpu']} ({host['nproc']} CPUs; load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}); "
+          f"threads {args.threads}")
+    print(f"moe_cpu: isa {host['moe_cpu_isa']} (MOE_CPU_ISA={host['MOE_CPU_ISA'] or '-'}), active "
+          f"{','.join(host['moe_cpu_active'])}; kernels int4_w4a8 {host['moe_cpu_kernels']['int4_w4a8']}, "
+          f"int8_w8a8 {host['moe_cpu_kernels']['int8_w8a8']}")
+    print(f"ik_llama.cpp (wheel {IK_PACKAGE}): {host['ik_system_info']}")
+    print(f"ik model defaults: {host['ik_model_defaults']}")
+    print(f"ik context defaults: {host['ik_context_defaults']}")
+    print(f"ik configs tried: {[c.name() for c in configs]} (use_mmap=0, n_ctx=n_batch=n_ubatch={max(max(Ms), 32)}, "
+          f"threads {args.threads}; other options at the defaults above)")
+    print(f"shape: {asdict(sh)}; M {Ms}; reps {args.reps}", flush=True)
+
+    os.makedirs(args.work_dir, exist_ok=True)
+    bases = {}
+    for kind, I in (("full", sh.I), ("twin", sh.I_twin)):
+        p = os.path.join(args.work_dir, f"base_{sh.tag(I)}_s{args.seed}_{args.base_dtype}.gguf")
+        if not os.path.exists(p):
+            t0 = time.perf_counter()
+            write_base(p, sh, I, args.seed, args.base_dtype)
+            print(f"wrote {p} ({os.path.getsize(p) / 2**20:.0f} MiB, {time.perf_counter() - t0:.0f} s)", flush=True)
+        bases[kind] = p
+
+    qbin = ik.quantize_bin()
+    results = {"host": host, "shape": asdict(sh), "threads": args.threads, "reps": args.reps, "M": Ms,
+               "configs": [c.name() for c in configs], "types": {}, "quantize_notes": {}, "failed": {}}
+    for typ in types:
+        qfiles, notes = {}, []
+        try:
+            for kind, base in bases.items():
+                q = base.replace("base_", "q_").replace(f"_{args.base_dtype}.gguf", f"_{args.base_dtype}_{typ}.gguf")
+                if not os.path.exists(q):
+                    t0 = time.perf_counter()
+                    quantize(qbin, base, q, typ, args.threads, notes)
+                    print(f"quantized {os.path.basename(q)} ({os.path.getsize(q) / 2**20:.0f} MiB, "
+                          f"{time.perf_counter() - t0:.0f} s)", flush=True)
+                qfiles[kind] = q
+            results["quantize_notes"][typ] = notes
+            if args.prepare_only:
+                continue
+            if args.list_nodes:
+                c = configs[0]
+                m = ik.load(qfiles["full"], c)
+                ctx = ik.context(m, c, max(Ms), True)
+                ik.make_batch(max(Ms), sh.n_vocab, args.seed)
+                ik.capture(ctx, Ms[0], None)
+                for name, op, ne in ik.cb_nodes:
+                    print(f"   {name:32s} op {op:3d} ne {list(ne)}")
+                return
+            if ik.batch is None:
+                ik.make_batch(max(Ms), sh.n_vocab, args.seed)
+            t0 = time.perf_counter()
+            res = bench_type(typ, args, sh, ik, configs, qfiles, Ms)
+            res["wall_s"] = time.perf_counter() - t0
+            res["loadavg_after"] = os.getloadavg()
+            results["types"][typ] = res
+            print_type(res)
+            sys.stdout.flush()
+        except Exception as e:   # report and go on with the next type
+            results["failed"][typ] = repr(e)
+            print(f"\n== {typ}: FAILED: {e}", flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1, default=str)
+
+    print("\nsummary: ms per call (ik MoE = full - twin, best config) / moe_cpu layer(x); ratio ik/moe_cpu")
+    print(f"   {'type':7} " + " ".join(f"| M={M:<4} ik   mc    ratio " for M in Ms))
+    for typ, res in results["types"].items():
+        cells = []
+        for M in Ms:
+            d = res["M"][M]
+            b = d["ik"][d["ik_best"]]["ms"]
+            cells.append(f"| {b:8.2f} {d['mc_ms']:8.2f} {b / d['mc_ms']:5.2f} ")
+        print(f"   {typ:7} " + " ".join(cells))
+    for typ, err in results["failed"].items():
+        print(f"   {typ}: failed: {err}")
+
+
+if __name__ == "__main__":
+    main()

@@ -165,10 +165,15 @@ _QUANT: Dict[str, Tuple[str, int, int, int, Callable[[_Blocks], Part], Optional[
     "MXFP4": ("int4_w4a8", 32, 32, 17, _mxfp4, MXFP4_VALUES, False),
 }
 _FLOAT = ("BF16", "F16", "F32")
-# ggml's vec-dot type of each weight type (ggml-cpu's type traits), as the activation block it means: Q8_0 and Q8_1
-# are blocks of 32 (Q8_1 adds the block's sum, which the kernels keep exactly anyway), Q8_K blocks of 256.
-ACT_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32, "MXFP4": 32,
-             "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ4_XS": 256}
+# ggml's vec-dot type of each weight type (ggml-cpu's type traits): Q8_0 / Q8_1 blocks of 32 (Q8_1 adds the block's
+# sum, which the kernels keep exactly anyway), Q8_K blocks of 256 for the K-quants and IQ4_XS.
+GGML_ACT_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32, "MXFP4": 32,
+                  "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ4_XS": 256}
+# What a GGUF layer runs by default: ggml's block, or the finer 32 where ggml's is 256. Blocks of 32 cost the
+# kernels the same as 256 (one scale per group of 32 either way; integer mins stay) and give the K-quants and
+# IQ4_XS about 1.2e-2 layer error against 1.8e-2 (ik_llama.cpp without run-time repack computes them with blocks
+# of 32 too: bench/ik_peer.py, docs/performance.md).
+ACT_BLOCK = {t: min(b, 32) for t, b in GGML_ACT_BLOCK.items()}
 
 
 def _type(t: Any) -> str:

@@ -126,9 +126,10 @@ FORM = {"Q4_0": "int4", "Q4_1": "int4+codebook+mins", "Q5_0": "int8", "Q5_1": "i
         "IQ4_XS": "int4+codebook", "MXFP4": "int4+codebook"}
 
 
-# ggml's vec-dot type of each weight type (ggml-cpu's type traits): Q8_0 / Q8_1 blocks of 32, Q8_K of 256
-GGML_ACT_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32, "MXFP4": 32,
-                  "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ4_XS": 256}
+# ggml's vec-dot blocks are 32 (Q8_0 / Q8_1) or 256 (Q8_K for the K-quants and IQ4_XS); a GGUF layer runs 32 for
+# every type, ggml's or finer (docs/numerics.md "Activation blocks")
+GGUF_ACT_BLOCK = {t: 32 for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4", "Q4_K", "Q5_K", "Q6_K",
+                                  "IQ4_XS")}
 
 
 @pytest.mark.isa
@@ -138,7 +139,7 @@ def test_layer_of_one_type(tmp_path, rng, typ, M):
     path, keep = moe_file(tmp_path, rng, (typ,) * 3)
     lw = load_layer(path, L)      # GGUF keeps int8 activations by default, in ggml's blocks, as llama.cpp computes them
     assert lw.w13.form == lw.w2.form == FORM[typ] and lw.scheme in moe_cpu.A8_SCHEMES
-    assert lw.w13.act_block == lw.w2.act_block == GGML_ACT_BLOCK[typ]
+    assert lw.w13.act_block == lw.w2.act_block == GGUF_ACT_BLOCK[typ]
     assert lw.w2.group_size == (16 if typ == "Q6_K" else 32)
     check_layer(rng, lw, keep, M)
     if M in (1, 257):             # 16-bit activations are one argument away, on every form
@@ -148,7 +149,7 @@ def test_layer_of_one_type(tmp_path, rng, typ, M):
         assert lw16.w13.act_block is None
         check_layer(rng, lw16, keep, M)
     if M == 3:                    # per token, or another block, on request
-        for block in (None, 64):
+        for block in (None, 64, 256):   # per token, any other block, ggml's Q8_K
             lwb = load_layer(path, L, act_block=block)
             assert lwb.w13.act_block == lwb.w2.act_block == block
             check_layer(rng, lwb, keep, M)
@@ -243,7 +244,7 @@ def test_cli_convert_then_run(tmp_path, rng, types):
     layer = moe_cpu.MoELayer.load(out / f"layer_{L:03d}")
     direct = load_layer(path, L)
     assert (layer.w13.form, layer.w2.form) == (direct.w13.form, direct.w2.form)
-    want = (32, 32) if types[0] == "MXFP4" else (256, 256)    # ggml's Q8_0 / Q8_K blocks, kept by the packed files
+    want = (32, 32)    # the GGUF default (ggml's Q8_0 blocks, or finer than its Q8_K), kept by the packed files
     assert layer.act_blocks == (direct.w13.act_block, direct.w2.act_block) == want
     np.testing.assert_array_equal(layer.w2.unpack(), keep["ffn_down_exps.weight"])
     per_token = cli("convert", "--checkpoint", path, "--out", tmp_path / "per_token", "--layers", L, "--act-block", "none")

@@ -43,6 +43,24 @@ struct IntPairTerms {
 inline void int_mins_row(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, const ActRows& a, int64_t row,
                          float* corr) {
   const IntFormBlock f(w, e, b, a.G);
+  if (a.bscale && w.act_block != kIMinRun * w.group_len()) {  // blocks shorter than a run: int_mins_term_f32's order
+    const float* af = a.asum_f32 + row * a.G;
+    for (int64_t j = 0; j < nj; ++j)
+      for (int n = 0; n < 16; ++n) {
+        float sum = 0.f;
+        for (int64_t s = 0; s < f.runs; ++s) {
+          float acc = 0.f;
+          for (int64_t p = s * (kIMinRun / 2); p < std::min((a.G + 1) / 2, (s + 1) * (kIMinRun / 2)); ++p) {
+            const int16_t* m = f.imn_pair(j, p) + 2 * n;
+            acc = std::fma(float(m[0]), af[2 * p], acc);
+            acc = std::fma(float(m[1]), 2 * p + 1 < a.G ? af[2 * p + 1] : 0.f, acc);
+          }
+          sum = std::fma(acc, f.dmn_run(j, s)[n], sum);
+        }
+        corr[16 * j + n] = sum;
+      }
+    return;
+  }
   const int16_t* as = a.asum16 + row * a.G2;
   for (int64_t j = 0; j < nj; ++j)
     for (int n = 0; n < 16; ++n) {

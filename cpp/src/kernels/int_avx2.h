@@ -76,9 +76,30 @@ struct IntForms : IntFormBlock {
 
 // corr[h][8] = sum over runs of dmin * (int32 sum over the run's groups of imin * code sum) for the H halves
 // of one row (asum16: its int16 code sums, pairs zero-padded to whole runs; bs: with activation blocks, the row's
-// scale per group, one block per run, multiplying each run's converted sum first).
+// scale per group, one block per run, multiplying each run's converted sum first). af (blocks shorter than a run):
+// the row's fp32 group code sums (already times their block scales), met by the imins as fp32, in group order.
 template <int H>
-void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, const float* bs, float (*corr)[8]) {
+void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, const float* bs, const float* af, float (*corr)[8]) {
+  if (af) {
+    const int64_t pairs = (f.G + 1) / 2;
+    _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
+      const int64_t j = h / 2, c8 = (h % 2) * 8;
+      __m256 sum = _mm256_setzero_ps();
+      for (int64_t s = 0; s < f.runs; ++s) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t p = s * (kIMinRun / 2); p < std::min(pairs, (s + 1) * (kIMinRun / 2)); ++p) {
+          const __m256i pr = _mm256_load_si256(reinterpret_cast<const __m256i*>(f.imn_pair(j, p) + 2 * c8));
+          const __m256 ev = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(pr, 16), 16));
+          const __m256 od = _mm256_cvtepi32_ps(_mm256_srai_epi32(pr, 16));
+          acc = _mm256_fmadd_ps(ev, _mm256_set1_ps(af[2 * p]), acc);
+          acc = _mm256_fmadd_ps(od, _mm256_set1_ps(2 * p + 1 < f.G ? af[2 * p + 1] : 0.f), acc);
+        }
+        sum = _mm256_fmadd_ps(acc, _mm256_load_ps(f.dmn_run(j, s) + c8), sum);
+      }
+      _mm256_store_ps(corr[h], sum);
+    }
+    return;
+  }
   _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
     const int64_t j = h / 2, c8 = (h % 2) * 8;
     __m256 sum = _mm256_setzero_ps();
@@ -143,7 +164,11 @@ struct IntAvx2 {
       // dmin once (as int_mins_term on AVX-512): about 1.5 ops per group instead of 7 for fp32 mins.
       alignas(32) float corr[MR == 1 ? H : 1][8];
       const bool run_mins = !kA16 && MR == 1 && kInt4 && has_mins && forms.imn;
-      if (run_mins) int_mins_term_ymm<H>(forms, a.asum16 + a.row_idx[r0] * a.G2, bsr[0], corr);
+      if (run_mins) {
+        const bool f32_sums = a.bscale && w.act_block != kIMinRun * gl;  // blocks shorter than a run
+        int_mins_term_ymm<H>(forms, f32_sums ? nullptr : a.asum16 + a.row_idx[r0] * a.G2, bsr[0],
+                             f32_sums ? a.asum_f32 + a.row_idx[r0] * G : nullptr, corr);
+      }
       const int zc = has_zeros ? 0 : kInt4 ? (C == Codes::kSigned ? 0 : w.code_zero) : (D != IntDot::kMaddubs ? 128 : 0);
       NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
       const ScaleIndex sx(w, e, b, G);

@@ -103,6 +103,45 @@ inline void fnmadd_bcast(__m512& acc, __m512 m, const float* p) {
 // groups, 4 vpdpwssd of (imin pair, code sum pair) and one FMA by dmin.
 enum class Offset { kImplicit, kZeros, kMins, kIntMins };
 
+// With activation blocks shorter than a run: the imins as fp32 against the groups' fp32 code sums
+// (ActRows::asum_f32, already times their block scales), per run in group order, then times dmin.
+template <int MR, int NJ>
+__attribute__((noinline)) void int_mins_term_f32(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0,
+                                                 float* corr) {
+  constexpr int64_t S2 = kIMinRun / 2;
+  const int64_t G = a.G, pairs = (G + 1) / 2;
+  const IntFormBlock f(w, e, b, G);
+  const float* af[MR];
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) af[r] = a.asum_f32 + a.row_idx[r0 + r] * G;
+  __m512 sum[MR][NJ];
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+    _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) sum[r][j] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < f.runs; ++s) {
+    __m512 acc[MR][NJ];
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t p = s * S2; p < std::min(pairs, (s + 1) * S2); ++p) {
+      __m512 ev[NJ], od[NJ];  // the pair's even and odd groups' imins of 16 columns
+      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+        const __m512i mv = _mm512_load_si512(f.imn_pair(j, p));
+        ev[j] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(mv, 16), 16));
+        od[j] = _mm512_cvtepi32_ps(_mm512_srai_epi32(mv, 16));
+      }
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+        const __m512 fe = _mm512_set1_ps(af[r][2 * p]), fo = _mm512_set1_ps(2 * p + 1 < G ? af[r][2 * p + 1] : 0.f);
+        _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j)
+          acc[r][j] = _mm512_fmadd_ps(od[j], fo, _mm512_fmadd_ps(ev[j], fe, acc[r][j]));
+      }
+    }
+    _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+      const __m512 dv = _mm512_load_ps(f.dmn_run(j, s));
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) sum[r][j] = _mm512_fmadd_ps(acc[r][j], dv, sum[r][j]);
+    }
+  }
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+    _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm512_store_ps(corr + (r * NJ + j) * 16, sum[r][j]);
+}
+
 // corr[r][j][16] = dmin * sum over the run's groups of imin * asum, summed over runs of
 // imin_groups groups (exact int32 sums per run: derive_int_mins bounds them); with activation blocks (one per
 // run) each run's converted sum times its block scale first. Out of line and before
@@ -110,6 +149,7 @@ enum class Offset { kImplicit, kZeros, kMins, kIntMins };
 template <int MR, int NJ>
 __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0,
                                              float* corr) {
+  if (a.bscale && w.act_block != kIMinRun * w.group_len()) return int_mins_term_f32<MR, NJ>(w, e, b, a, r0, corr);
   constexpr int64_t S2 = kIMinRun / 2;  // pairs per run (imin_groups is kIMinRun)
   const int64_t P2 = a.G2 / 2, runs = a.G2 / kIMinRun;  // a.G2 = 2 imin_pairs(w): no divisions
   const int16_t* as[MR];

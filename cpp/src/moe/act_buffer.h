@@ -39,7 +39,8 @@ struct ActBuffer {
     K = w.in_features, Kp = w.padded_k(), gl = w.group_len(), G = w.num_groups();
     int_scheme = is_int_scheme(w.scheme), a16 = int_scheme && w.a16;
     f32 = !int_scheme && w.kernel->f32_acts;
-    imins = int_scheme && !a16 && w.has_mins && w.imin_groups > 0;
+    // integer mins: int16 code sums per group (activation blocks shorter than a run read asum_f32 instead)
+    imins = int_scheme && !a16 && w.has_mins && w.imin_groups > 0 && (!w.act_block || w.act_block == kIMinRun * w.group_len());
     B = int_scheme && !a16 ? w.act_block : 0;
     NP = a16 ? a16_pieces(gl) : B && B < gl ? gl / B : 1;
     pk = a16 ? kA16Piece : B && B < gl ? B : 0;

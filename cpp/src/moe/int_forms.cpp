@@ -85,11 +85,8 @@ PackedExperts shape_of(const PackedExperts& p) {
 void derive_int_mins(PackedExperts& p) {
   constexpr int64_t S = kIMinRun;
   const int64_t gl = p.group_len(), NB = p.num_blocks();
-  // activation blocks: only one block per run of groups (Q8_K's 256 over a K-quant's 8 x 32), whose scale
-  // then multiplies the run's int32 sum
-  if (!p.has_mins || !p.kernel || !p.kernel->int_mins || p.imin_groups || gl * 127 > 32767 ||
-      (p.act_block && p.act_block != S * gl))
-    return;
+  // (with activation blocks too: a block per run scales the run's int32 sum, shorter blocks meet the ints in fp32)
+  if (!p.has_mins || !p.kernel || !p.kernel->int_mins || p.imin_groups || gl * 127 > 32767) return;
   // int16 code sums (|sum| <= 127 gl) and an int32 sum of S products per run
   const int32_t mmax = int32_t(std::min<int64_t>(32767, (int64_t(1) << 31) / (S * 127 * gl) - 1));
   PackedExperts t = shape_of(p);  // the indexing of the integer form
@@ -144,7 +141,7 @@ AlignedBuffer float_scales(const PackedExperts& p) {
 
 void set_kernel(PackedExperts& p, const KernelDesc* kd) {
   p.kernel = kd;
-  if (p.imin_groups && (!kd->int_mins || (p.act_block && p.act_block != kIMinRun * p.group_len()))) p.mins = float_mins(p), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer(), p.imin_groups = 0;
+  if (p.imin_groups && !kd->int_mins) p.mins = float_mins(p), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer(), p.imin_groups = 0;
   if (p.iscale_groups && !kd->int_scales)
     p.scales = float_scales(p), p.iscales = AlignedBuffer(), p.dscales = AlignedBuffer(), p.iscale_groups = 0;
   derive_int_mins(p);

@@ -455,80 +455,71 @@ std::string expected_isa(const char* precision) {
   return "";
 }
 
+// A shrunk Qwen3-like layer with fixed routing, run by fused_experts in one scheme (and A8 blocks for w13 / w2, 0:
+// per token) with the kernels dispatch picks at the active level.
+struct DispatchCase {
+  int64_t E = 8, H = 256, I, M = 19, k = 2;
+  std::mt19937 g;
+  Layer L;
+  std::vector<float> x, tw;
+  std::vector<int32_t> ids;
+  DispatchCase(std::mt19937 rng, int64_t I_) : I(I_), g(rng), L(make_layer(g, E, H, I)), x(test::gaussian(g, M * H)) {
+    ids.resize(size_t(M * k));
+    for (int64_t m = 0; m < M; ++m) ids[m * k] = int32_t(m % E), ids[m * k + 1] = int32_t((m * 3 + 1) % E);
+    tw = test::gaussian(g, M * k);
+  }
+  std::vector<float> run(Scheme s, int64_t group, const KernelDesc** kernel, int64_t b13 = 0, int64_t b2 = 0) {
+    PackedExperts w13 = quantize_experts(L.w13.data(), E, 2 * I, H, s, group, 32, 64);
+    PackedExperts w2 = quantize_experts(L.w2.data(), E, H, I, s, group, 32, 64);
+    set_act_block(w13, b13), set_act_block(w2, b2);
+    *kernel = w13.kernel;
+    std::vector<float> out(size_t(M * H));
+    FusedMoeArgs a;
+    a.x = x.data(), a.M = M, a.H = H, a.w13 = &w13, a.w2 = &w2, a.topk_weights = tw.data();
+    a.topk_ids = ids.data(), a.k = k, a.out = out.data();
+    fused_experts(a);
+    return out;
+  }
+  // The reference kernels' result of the same call (the level forced to reference meanwhile).
+  std::vector<double> reference(Scheme s, int64_t group, int64_t b13 = 0, int64_t b2 = 0) {
+    const std::string level = forced_isa();
+    const KernelDesc* ref = nullptr;
+    force_isa("reference");
+    const std::vector<float> want = run(s, group, &ref, b13, b2);
+    force_isa(level);
+    EXPECT_NE(std::string(ref->name).find("reference"), std::string::npos);
+    return std::vector<double>(want.begin(), want.end());
+  }
+};
+
 // End to end at a shrunk Qwen3-like shape (H=256, I=96, E=8, k=2): the kernels dispatch picks for
 // the running ISA level (MOE_CPU_ISA) against the reference kernels, for every scheme; with
 // MOE_CPU_EXPECT_ISA set, dispatch must have picked that ISA's kernel.
 TEST(FusedExperts, DispatchedPathMatchesReferenceForEveryScheme) {
-  auto g = test::rng_for_test();
-  const int64_t E = 8, H = 256, I = 96, M = 19, k = 2;
-  Layer L = make_layer(g, E, H, I);
-  auto x = test::gaussian(g, M * H);
-  std::vector<int32_t> ids(size_t(M * k));
-  for (int64_t m = 0; m < M; ++m) ids[m * k] = int32_t(m % E), ids[m * k + 1] = int32_t((m * 3 + 1) % E);
-  auto tw = test::gaussian(g, M * k);
-  const std::string level = forced_isa();
+  DispatchCase d(test::rng_for_test(), 96);
   for (Scheme s : {Scheme::kInt4W4A8, Scheme::kInt8W8A8, Scheme::kFp8W8A16, Scheme::kBf16, Scheme::kInt4W4A16, Scheme::kInt8W8A16}) {
     const int64_t group = weight_scheme(s) == Scheme::kInt4W4A8 ? 32 : -1;
-    auto run = [&](std::vector<float>& out, const KernelDesc** kernel) {
-      PackedExperts w13 = quantize_experts(L.w13.data(), E, 2 * I, H, s, group, 32, 64);
-      PackedExperts w2 = quantize_experts(L.w2.data(), E, H, I, s, group, 32, 64);
-      *kernel = w13.kernel;
-      FusedMoeArgs a;
-      a.x = x.data(), a.M = M, a.H = H, a.w13 = &w13, a.w2 = &w2, a.topk_weights = tw.data();
-      a.topk_ids = ids.data(), a.k = k, a.out = out.data();
-      fused_experts(a);
-    };
-    std::vector<float> got(size_t(M * H)), want(size_t(M * H));
-    const KernelDesc *kd = nullptr, *ref = nullptr;
-    run(got, &kd);
+    const KernelDesc* kd = nullptr;
+    const std::vector<float> got = d.run(s, group, &kd);
     const std::string kernel = kd->name, precision = kernel.substr(0, kernel.find('_'));
     if (std::getenv("MOE_CPU_EXPECT_ISA"))
       EXPECT_EQ(std::string(kd->isa), expected_isa(precision.c_str())) << "dispatch chose " << kernel << " for " << precision;
     RecordProperty("kernel_" + precision, kernel);
-    force_isa("reference");
-    run(want, &ref);
-    force_isa(level);
-    const std::string ref_kernel = ref->name;
-    ASSERT_NE(ref_kernel.find("reference"), std::string::npos);
-    std::vector<double> wd(want.begin(), want.end());
-    EXPECT_LT(test::rel_max_err(got, wd), is_a16_scheme(s) ? 1e-4 : is_int_scheme(s) ? 2e-2 : 5e-3) << kernel << " vs " << ref_kernel;
+    EXPECT_LT(test::rel_max_err(got, d.reference(s, group)), is_a16_scheme(s) ? 1e-4 : is_int_scheme(s) ? 2e-2 : 5e-3) << kernel;
   }
 }
 
 // The same with A8 activation blocks (B shorter than the groups, spanning them, per channel), w13 and w2 with
 // different blocks: the dispatched kernels against the reference kernels (both quantize per block).
 TEST(FusedExperts, DispatchedPathMatchesReferenceWithActivationBlocks) {
-  auto g = test::rng_for_test();
-  const int64_t E = 8, H = 256, I = 128, M = 19, k = 2;
-  Layer L = make_layer(g, E, H, I);
-  auto x = test::gaussian(g, M * H);
-  std::vector<int32_t> ids(size_t(M * k));
-  for (int64_t m = 0; m < M; ++m) ids[m * k] = int32_t(m % E), ids[m * k + 1] = int32_t((m * 3 + 1) % E);
-  auto tw = test::gaussian(g, M * k);
-  const std::string level = forced_isa();
+  DispatchCase d(test::rng_for_test(), 128);
   struct Case { Scheme s; int64_t group, b13, b2; };
   for (const Case c : {Case{Scheme::kInt4W4A8, 32, 32, 32}, Case{Scheme::kInt4W4A8, 128, 32, 64}, Case{Scheme::kInt4W4A8, 32, 256, 128},
                        Case{Scheme::kInt8W8A8, -1, 64, 32}, Case{Scheme::kInt8W8A8, 32, 32, 128}}) {
     SCOPED_TRACE(std::string(scheme_name(c.s)) + " g" + std::to_string(c.group) + " B " + std::to_string(c.b13) + "/" + std::to_string(c.b2));
-    auto run = [&](std::vector<float>& out, const KernelDesc** kernel) {
-      PackedExperts w13 = quantize_experts(L.w13.data(), E, 2 * I, H, c.s, c.group, 32, 64);
-      PackedExperts w2 = quantize_experts(L.w2.data(), E, H, I, c.s, c.group, 32, 64);
-      set_act_block(w13, c.b13), set_act_block(w2, c.b2);
-      *kernel = w13.kernel;
-      FusedMoeArgs a;
-      a.x = x.data(), a.M = M, a.H = H, a.w13 = &w13, a.w2 = &w2, a.topk_weights = tw.data();
-      a.topk_ids = ids.data(), a.k = k, a.out = out.data();
-      fused_experts(a);
-    };
-    std::vector<float> got(size_t(M * H)), want(size_t(M * H));
-    const KernelDesc *kd = nullptr, *ref = nullptr;
-    run(got, &kd);
-    force_isa("reference");
-    run(want, &ref);
-    force_isa(level);
-    ASSERT_NE(std::string(ref->name).find("reference"), std::string::npos);
-    std::vector<double> wd(want.begin(), want.end());
-    EXPECT_LT(test::rel_max_err(got, wd), 2e-2) << kd->name << " vs " << ref->name;
+    const KernelDesc* kd = nullptr;
+    const std::vector<float> got = d.run(c.s, c.group, &kd, c.b13, c.b2);
+    EXPECT_LT(test::rel_max_err(got, d.reference(c.s, c.group, c.b13, c.b2)), 2e-2) << kd->name;
   }
 }
 

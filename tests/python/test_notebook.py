@@ -56,7 +56,8 @@ def test_quickstart_notebook_runs(tmp_path):
     text = "\n".join(cell_text(c) for c in code)
 
     for needle in ("MoELayer(E=8, H=256, I=128, top_k=2, activation=silu)",
-                   "int4_w4a8 (group 32)", "int8_w8a8 (group 32)",
+                   "int4_w4a8 (group 32, activations per token)",
+                   "int8_w8a8 (group 32, activation blocks of 32)",   # GGUF Q8_0: ggml's Q8_0 activation blocks
                    "safetensors int4_w4a8 layer: relative L2 error vs layer.reference(x) = ",
                    "GGUF Q8_0 int8_w8a8 layer: relative L2 error vs layer.reference(x) = ",
                    "identical to MoELayer.from_float(int4_w4a8, group 32): True",

@@ -15,7 +15,7 @@ const KernelDesc kW4a8Avx2VnniEvexTwin{
     /*int_scales=*/true};
 const KernelDesc kW8a8Avx2VnniEvexTwin{
     "w8a8_avx2vnni_4x16_evex_twin", Scheme::kInt8W8A8, "avx2vnni", 4, 16, kTwinFeatures,
-    kernels::int8_groups_fit<4>, kernels::drive<kernels::IntAvx2<false, kernels::IntDot::kVnniEvex>::Micro, 4, 1, 2>};
+    kernels::int8_groups_fit<4>, kernels::int8_avx2_gemm<kernels::IntDot::kVnniEvex, 4, 1, 2>};
 
 extern const KernelDesc* const kEvexTwins[2] = {&kW4a8Avx2VnniEvexTwin, &kW8a8Avx2VnniEvexTwin};
 

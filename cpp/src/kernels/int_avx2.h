@@ -120,8 +120,9 @@ void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, const float* bs
   }
 }
 
-// kBlk: A8 activation blocks (ActRows::bscale), an instance of its own so that the per-token code stays as it was.
-template <bool kInt4, IntDot D = IntDot::kMaddubs, Codes C = Codes::kPlain, bool kBlk = false>
+// kBlk: A8 activation blocks (ActRows::bscale), instances of their own so that the per-token code stays as it was:
+// 1 a block scale per group (blocks of the group length or longer), 2 pieces (blocks shorter than a group).
+template <bool kInt4, IntDot D = IntDot::kMaddubs, Codes C = Codes::kPlain, int kBlk = 0>
 struct IntAvx2 {
   template <int MR, int NJ>
   struct Micro {
@@ -140,9 +141,9 @@ struct IntAvx2 {
         else arow[r] = a.q + a.row_idx[r0 + r] * Kp;
       }
       // code sums per group piece (A16, A8 blocks); A8 blocks: each piece's block scale in bsr
-      const int64_t NP = kA16 || kBlk ? a.NP : 1, ps = kA16 ? kA16Piece / step : NP > 1 ? a.pk / step : Kp;
+      const int64_t NP = kA16 || kBlk == 2 ? a.NP : 1, ps = kA16 ? kA16Piece / step : NP > 1 ? a.pk / step : Kp;
       [[maybe_unused]] const float* bsr[kBlk ? MR : 1] = {};
-      if constexpr (kBlk)
+      if constexpr (kBlk != 0)
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) bsr[r] = a.bscale + a.row_idx[r0 + r] * G * NP;
       const __m256i even = _mm256_set1_epi16(0xff);
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
@@ -168,7 +169,7 @@ struct IntAvx2 {
       alignas(32) float corr[MR == 1 ? H : 1][8];
       const bool run_mins = !kA16 && MR == 1 && kInt4 && has_mins && forms.imn;
       if (run_mins) {
-        const bool f32_sums = kBlk && w.act_block != kIMinRun * gl;  // blocks shorter than a run
+        const bool f32_sums = kBlk != 0 && w.act_block != kIMinRun * gl;  // blocks shorter than a run
         int_mins_term_ymm<H>(forms, f32_sums ? nullptr : a.asum16 + a.row_idx[r0] * a.G2, bsr[0],
                              f32_sums ? a.asum_f32 + a.row_idx[r0] * G : nullptr, corr);
       }
@@ -323,7 +324,7 @@ struct IntAvx2 {
             __m256i exact = acc[r][h];
             if (zp) exact = _mm256_sub_epi32(exact, _mm256_mullo_epi32(zv, _mm256_set1_epi32(asr[r][ai])));
             __m256 x = _mm256_cvtepi32_ps(exact);
-            if constexpr (kBlk) x = _mm256_mul_ps(x, _mm256_set1_ps(bsr[r][ai]));
+            if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_set1_ps(bsr[r][ai]));
             __m256 f = _mm256_fmadd_ps(x, sv, _mm256_load_ps(accf[r][h]));
             if (group_mins && pi == NP - 1) f = _mm256_fnmadd_ps(mv, _mm256_broadcast_ss(asf[r] + gi), f);
             _mm256_store_ps(accf[r][h], f);
@@ -350,7 +351,7 @@ struct IntAvx2 {
 
 // The int4 GEMM of dot D: codes as stored, or mapped through the codebook (kSigned when vpmaddubsw
 // would saturate on code_table bytes > 31).
-template <IntDot D, int MR, int NJ, int ND, bool kBlk>
+template <IntDot D, int MR, int NJ, int ND, int kBlk>
 void int4_avx2_codes_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                              int64_t ldc) {
   if (!w.code_shuffle) return drive<IntAvx2<true, D, Codes::kPlain, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
@@ -364,14 +365,18 @@ template <IntDot D, int MR, int NJ, int ND>
 void int4_avx2_codes_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                           int64_t ldc) {
   if constexpr (D != IntDot::kMaddwd16)  // A8: activation blocks or not
-    if (a.bscale) return int4_avx2_codes_gemm_as<D, MR, NJ, ND, true>(w, e, b0, b1, a, c, ldc);
-  int4_avx2_codes_gemm_as<D, MR, NJ, ND, false>(w, e, b0, b1, a, c, ldc);
+    if (a.bscale)
+      return a.NP > 1 ? int4_avx2_codes_gemm_as<D, MR, NJ, ND, 2>(w, e, b0, b1, a, c, ldc)
+                      : int4_avx2_codes_gemm_as<D, MR, NJ, ND, 1>(w, e, b0, b1, a, c, ldc);
+  int4_avx2_codes_gemm_as<D, MR, NJ, ND, 0>(w, e, b0, b1, a, c, ldc);
 }
 
 // The int8 GEMM of dot D (A8: per token or with activation blocks).
 template <IntDot D, int MR, int NJ, int ND>
 void int8_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  if (a.bscale) return drive<IntAvx2<false, D, Codes::kPlain, true>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  if (a.bscale)
+    return a.NP > 1 ? drive<IntAvx2<false, D, Codes::kPlain, 2>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc)
+                    : drive<IntAvx2<false, D, Codes::kPlain, 1>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
   drive<IntAvx2<false, D>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
 }
 

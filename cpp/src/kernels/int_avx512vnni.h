@@ -196,8 +196,9 @@ inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi) {
                        _mm512_load_ps(f.dsc_at(j, gi)));
 }
 
-// kBlk: A8 activation blocks (ActRows::bscale), an instance of its own so that the per-token code stays as it was.
-template <bool kInt4, bool kShuffle = false, Offset kOff = Offset::kImplicit, bool kA16 = false, bool kBlk = false>
+// kBlk: A8 activation blocks (ActRows::bscale), instances of their own so that the per-token code stays as it was:
+// 1 a block scale per group (blocks of the group length or longer), 2 pieces (blocks shorter than a group).
+template <bool kInt4, bool kShuffle = false, Offset kOff = Offset::kImplicit, bool kA16 = false, int kBlk = 0>
 struct IntVnni {
   template <int MR, int NJ>
   struct Micro {
@@ -216,9 +217,9 @@ struct IntVnni {
       }
       // NP code sums per group, one per piece of ps k-steps (A16, or A8 blocks shorter than a group; else one piece,
       // the group). A8 blocks: each piece's block scale in bsr.
-      const int64_t NP = kA16 || kBlk ? a.NP : 1, ps = kA16 ? kA16Piece / step : NP > 1 ? a.pk / step : Kp;
+      const int64_t NP = kA16 || kBlk == 2 ? a.NP : 1, ps = kA16 ? kA16Piece / step : NP > 1 ? a.pk / step : Kp;
       [[maybe_unused]] const float* bsr[kBlk ? MR : 1];
-      if constexpr (kBlk)
+      if constexpr (kBlk != 0)
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) bsr[r] = a.bscale + a.row_idx[r0 + r] * G * NP;
       const float* asrow[MR];  // fp32 group code sums, for the mins term
       if constexpr (kOff == Offset::kMins)
@@ -300,7 +301,7 @@ struct IntVnni {
           }
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
             __m512 f = _mm512_cvtepi32_ps(acc[r][j]);
-            if constexpr (kBlk) f = _mm512_mul_ps(f, _mm512_set1_ps(bsr[r][ai]));
+            if constexpr (kBlk != 0) f = _mm512_mul_ps(f, _mm512_set1_ps(bsr[r][ai]));
             accf[r][j] = _mm512_fmadd_ps(f, sv, accf[r][j]);
           }
         }
@@ -324,7 +325,7 @@ struct IntVnni {
 
 // The GEMM with the weights' offset form (and, for int4, the codebook shuffle) fixed at compile time.
 // A16 kernels take float mins (their code sums do not fit the integer mins' int16 pairs).
-template <bool kInt4, bool kShuffle, int MR, int NJ, int ND, bool kA16, bool kBlk>
+template <bool kInt4, bool kShuffle, int MR, int NJ, int ND, bool kA16, int kBlk>
 void int_vnni_gemm_forms(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                          int64_t ldc) {
   if (w.has_zeros) drive<IntVnni<kInt4, kShuffle, Offset::kZeros, kA16, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
@@ -336,8 +337,10 @@ template <bool kInt4, bool kShuffle, int MR, int NJ, int ND, bool kA16 = false>
 void int_vnni_gemm_offset(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                           int64_t ldc) {
   if constexpr (!kA16)
-    if (a.bscale) return int_vnni_gemm_forms<kInt4, kShuffle, MR, NJ, ND, false, true>(w, e, b0, b1, a, c, ldc);
-  int_vnni_gemm_forms<kInt4, kShuffle, MR, NJ, ND, kA16, false>(w, e, b0, b1, a, c, ldc);
+    if (a.bscale)
+      return a.NP > 1 ? int_vnni_gemm_forms<kInt4, kShuffle, MR, NJ, ND, false, 2>(w, e, b0, b1, a, c, ldc)
+                      : int_vnni_gemm_forms<kInt4, kShuffle, MR, NJ, ND, false, 1>(w, e, b0, b1, a, c, ldc);
+  int_vnni_gemm_forms<kInt4, kShuffle, MR, NJ, ND, kA16, 0>(w, e, b0, b1, a, c, ldc);
 }
 
 // The int4 GEMM: codes mapped through code_table when it is not the identity.

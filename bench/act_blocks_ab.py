@@ -1,5 +1,6 @@
 """What A8 activation blocks cost: each GGUF weight form packed twice from the same codes, per token and with the
-block ggml pairs with it (docs/numerics.md "Activation blocks"), called in alternating order in each round on one
+block a GGUF layer runs by default (32: ggml's Q8_0, finer than its Q8_K for the K-quants and IQ4_XS;
+docs/numerics.md "Activation blocks"), called in alternating order in each round on one
 Qwen3-30B-A3B layer with the same routing; the median of the per-round time ratios (blocks / per token) is
 reported, robust to this shared host's drift, with the median times.
 
@@ -15,14 +16,14 @@ import moe_cpu
 from moe_cpu.bench.random_forms import KSCALES, kquant_mins, kquant_scales
 from moe_cpu.forms import IQ4_NL_VALUES, UNSIGNED4
 
-# form -> (int4?, group, codebook, mins, ggml's activation block)
+# form -> (int4?, group, codebook, mins, the activation block a GGUF layer of it runs)
 FORMS = {
     "q4_0": (True, 32, None, False, 32),
     "q8_0": (False, 32, None, False, 32),
-    "q4_k": (True, 32, UNSIGNED4, True, 256),
-    "iq4_xs": (True, 32, IQ4_NL_VALUES, False, 256),
-    "q5_k": (False, 32, None, True, 256),
-    "q6_k": (False, 16, None, False, 256),
+    "q4_k": (True, 32, UNSIGNED4, True, 32),
+    "iq4_xs": (True, 32, IQ4_NL_VALUES, False, 32),
+    "q5_k": (False, 32, None, True, 32),
+    "q6_k": (False, 16, None, False, 32),
     "int4_g128": (True, 128, None, False, 32),   # a g128 checkpoint asked for blocks of 32 (pieces)
 }
 

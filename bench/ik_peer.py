@@ -31,7 +31,8 @@ What it times (median over ``--reps`` rounds after warm-up; ik and moe_cpu inter
              ``muge=1`` (model param ``merge_up_gate_exps``) can be added to a config; it corrupts the heap
              on the 32-wide twin in this wheel, so with it the twin is loaded without it.
     moe_cpu: ``MoELayer.from_pretrained(file, layer_idx=0)`` on the same quantized file (it reads the GGUF
-             blocks losslessly and by default quantizes activations in ggml's blocks: ``layer.act_blocks``),
+             blocks losslessly and by default quantizes activations in blocks of 32: ggml's Q8_0, finer than its
+             Q8_K for the K-quants and IQ4_XS; ``layer.act_blocks``),
              called on M random float32 rows [M, 2048] with ``moe_cpu.set_num_threads(--threads)``. This
              includes moe_cpu's router (logits, softmax, top-k), which the ik number does not; the column
              "mc exp" times ``moe_cpu.fused_experts`` alone on precomputed routing for comparison.

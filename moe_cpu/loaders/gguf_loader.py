@@ -237,7 +237,8 @@ class _File:
             raise ValueError(f"missing tensor {name}{' (' + what + ')' if what else ''} in {self.path}")
         typ = _type(t)
         if typ not in _QUANT and typ not in _FLOAT:
-            raise ValueError(f"unsupported GGUF type {typ} for tensor {name}")
+            raise ValueError(f"unsupported GGUF type {typ} for tensor {name}: moe_cpu reads "
+                             f"{', '.join(list(_QUANT) + list(_FLOAT))}")
         got = tuple(int(x) for x in t.shape)
         if typ in _QUANT and got and got[0] % _QUANT[typ][2]:
             raise ValueError(f"tensor {name}: {typ} packs blocks of {_QUANT[typ][2]} along its rows, but its rows "

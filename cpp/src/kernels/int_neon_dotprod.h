@@ -25,7 +25,8 @@ inline int8x16_t dup4(const int8_t* p) {
   return vreinterpretq_s8_s32(vdupq_n_s32(v));
 }
 
-template <bool kInt4, bool kTbl = false>
+// kBlk: A8 activation blocks (ActRows::bscale), an instance of its own so that the per-token code stays as it was.
+template <bool kInt4, bool kTbl = false, bool kBlk = false>
 struct IntNeonDot {
   template <int MR, int NJ>
   struct Micro {
@@ -43,7 +44,7 @@ struct IntNeonDot {
       for (int r = 0; r < MR; ++r)
         for (int v = 0; v < V; ++v) accf[r][v] = vdupq_n_f32(0.f);
       const ScaleIndex sx(w, e, b);
-      const int64_t NP = a.NP, ps = NP > 1 ? a.pk / step : Kp;  // A8 blocks shorter than a group: pieces
+      const int64_t NP = kBlk ? a.NP : 1, ps = NP > 1 ? a.pk / step : Kp;  // A8 blocks shorter than a group: pieces
       for (int64_t gi = 0; gi < G; ++gi) {
        const int64_t g0 = gi * gl / step, g1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
        for (int64_t pi = 0; pi < NP; ++pi) {
@@ -81,7 +82,7 @@ struct IntNeonDot {
             const int64_t row = a.row_idx[r0 + r];
             const int32x4_t corr = vmulq_n_s32(zv, a.asum[row * G * NP + ai]);
             float32x4_t exact = vcvtq_f32_s32(vsubq_s32(acc[r][v], corr));
-            if (a.bscale) exact = vmulq_n_f32(exact, a.bscale[row * G * NP + ai]);
+            if constexpr (kBlk) exact = vmulq_n_f32(exact, a.bscale[row * G * NP + ai]);
             accf[r][v] = vfmaq_f32(accf[r][v], exact, sv);
             if (w.has_mins && pi == NP - 1)
               accf[r][v] = vfmsq_f32(accf[r][v], vld1q_f32(w.mins.as<float>() + si), vdupq_n_f32(a.asum_f32[row * G + gi]));
@@ -102,12 +103,21 @@ struct IntNeonDot {
   };
 };
 
-// The int4 GEMM: codes through the codebook (TBL) when it is not the default identity coding.
-template <int MR, int NJ, int ND>
+// The int4 GEMM: codes through the codebook (TBL) when it is not the default identity coding; activation blocks
+// or not.
+template <int MR, int NJ, int ND, bool kBlk = false>
 void int4_neon_dot_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                         int64_t ldc) {
-  if (w.code_shuffle) drive<IntNeonDot<true, true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
-  else drive<IntNeonDot<true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  if (!kBlk && a.bscale) return int4_neon_dot_gemm<MR, NJ, ND, true>(w, e, b0, b1, a, c, ldc);
+  if (w.code_shuffle) drive<IntNeonDot<true, true, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else drive<IntNeonDot<true, false, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+}
+// The int8 GEMM, activation blocks or not.
+template <int MR, int NJ, int ND>
+void int8_neon_dot_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                        int64_t ldc) {
+  if (a.bscale) drive<IntNeonDot<false, false, true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else drive<IntNeonDot<false>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
 }
 
 MOE_ISA_END

@@ -21,7 +21,8 @@
 
 MOE_ISA_BEGIN
 
-template <bool kInt4, bool kTbl = false>
+// kBlk: A8 activation blocks (ActRows::bscale), an instance of its own so that the per-token code stays as it was.
+template <bool kInt4, bool kTbl = false, bool kBlk = false>
 struct IntNeonMmla {
   template <int MR, int NJ>
   struct Micro {
@@ -46,7 +47,7 @@ struct IntNeonMmla {
       for (int p = 0; p < RP; ++p)
         for (int q = 0; q < CP; ++q) accf[p][q] = vdupq_n_f32(0.f);
       const ScaleIndex sx(w, e, b);
-      const int64_t NP = a.NP, pl = NP > 1 ? a.pk : Kp;  // A8 blocks shorter than a group: pieces
+      const int64_t NP = kBlk ? a.NP : 1, pl = NP > 1 ? a.pk : Kp;  // A8 blocks shorter than a group: pieces
       for (int64_t gi = 0; gi < G; ++gi) {
        const int64_t g0 = gi * gl, g1 = gi == G - 1 ? Kp : (gi + 1) * gl;
        for (int64_t pi = 0; pi < NP; ++pi) {
@@ -92,7 +93,7 @@ struct IntNeonMmla {
             const int32_t s0 = a.asum[i0], s1 = a.asum[i1];
             const int32_t corr[4] = {z0 * s0, z1 * s0, z0 * s1, z1 * s1};
             float32x4_t exact = vcvtq_f32_s32(vsubq_s32(acc[p][q], vld1q_s32(corr)));
-            if (a.bscale) {
+            if constexpr (kBlk) {
               const float bs[4] = {a.bscale[i0], a.bscale[i0], a.bscale[i1], a.bscale[i1]};
               exact = vmulq_f32(exact, vld1q_f32(bs));
             }
@@ -123,12 +124,21 @@ struct IntNeonMmla {
   };
 };
 
-// The int4 GEMM: codes through the codebook (TBL) when it is not the default identity coding.
-template <int MR, int NJ, int ND>
+// The int4 GEMM: codes through the codebook (TBL) when it is not the default identity coding; activation blocks
+// or not.
+template <int MR, int NJ, int ND, bool kBlk = false>
 void int4_neon_mmla_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                          int64_t ldc) {
-  if (w.code_shuffle) drive<IntNeonMmla<true, true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
-  else drive<IntNeonMmla<true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  if (!kBlk && a.bscale) return int4_neon_mmla_gemm<MR, NJ, ND, true>(w, e, b0, b1, a, c, ldc);
+  if (w.code_shuffle) drive<IntNeonMmla<true, true, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else drive<IntNeonMmla<true, false, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+}
+// The int8 GEMM, activation blocks or not.
+template <int MR, int NJ, int ND>
+void int8_neon_mmla_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                         int64_t ldc) {
+  if (a.bscale) drive<IntNeonMmla<false, false, true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else drive<IntNeonMmla<false>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
 }
 
 MOE_ISA_END

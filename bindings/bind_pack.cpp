@@ -96,8 +96,8 @@ py::object g_idx_of(const PackedExperts& p) {
   return std::move(g);
 }
 
-// k_perm [E, K] int32 (empty: None), set on freshly packed weights.
-Ptr with_k_perm(PackedExperts&& p, const std::vector<int32_t>& kp, int64_t act_block = 0) {
+// Freshly packed weights, shared: k_perm [E, K] int32 (empty: none) and the A8 activation block (0: per token) set.
+Ptr finish_packing(PackedExperts&& p, const std::vector<int32_t>& kp, int64_t act_block = 0) {
   if (!kp.empty()) set_k_perm(p, kp.data());
   if (act_block) set_act_block(p, act_block);
   return share(std::move(p));
@@ -240,7 +240,7 @@ void bind_pack(py::module_& m) {
     if (!m_h.is_none()) mf = scales_f32(int_scales(m_h, E, N, K, group, false, "mins"));
     const std::vector<int32_t> kp = k_perm_arg(kp_h, E, K);
     py::gil_scoped_release nogil;
-    return with_k_perm(pack_int4(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
+    return finish_packing(pack_int4(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
                                  zp ? static_cast<const uint8_t*>(z.data()) : nullptr,
                                  cb ? static_cast<const int8_t*>(c.data()) : nullptr, mf.empty() ? nullptr : mf.data(), a16),
                        kp, act_block);
@@ -258,7 +258,7 @@ void bind_pack(py::module_& m) {
     if (!m_h.is_none()) mf = scales_f32(int_scales(m_h, E, N, K, group, true, "mins"));
     const std::vector<int32_t> kp = k_perm_arg(kp_h, E, K);
     py::gil_scoped_release nogil;
-    return with_k_perm(pack_int8(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
+    return finish_packing(pack_int8(static_cast<const int8_t*>(q.data()), E, N, K, sf.data(), group,
                                  mf.empty() ? nullptr : mf.data(), a16), kp, act_block);
   }, py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("mins"), py::arg("k_perm") = py::none(),
      py::arg("scheme") = "int8_w8a8", py::arg("act_block") = 0);
@@ -284,7 +284,7 @@ void bind_pack(py::module_& m) {
     auto w = array_arg(w_h, "w", {ElemType::kF32}, 3);
     const Scheme s = parse_scheme(scheme);
     py::gil_scoped_release nogil;
-    return with_k_perm(quantize_experts(static_cast<const float*>(w.data()), w.shape(0), w.shape(1), w.shape(2), s,
+    return finish_packing(quantize_experts(static_cast<const float*>(w.data()), w.shape(0), w.shape(1), w.shape(2), s,
                                         group, bn, bk), {}, act_block);
   }, py::arg("w"), py::arg("scheme"), py::arg("group_size"), py::arg("block_n"), py::arg("block_k"), py::arg("act_block") = 0);
 

@@ -61,8 +61,7 @@ inline void quantize_row_int16_amax(const float* x, int64_t n, float amax, int16
 // amax = max |x[0..n)|, or a negative value if x has a non-finite value. Eight independent lanes, so that the
 // compiler vectorizes the loop (a max is exact in any order); a NaN fails `<=` in its lane.
 inline float row_amax(const float* x, int64_t n) {
-  float m[8] = {}, fin[8];
-  for (float& f : fin) f = 0.f;
+  float m[8] = {}, fin[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
     for (int j = 0; j < 8; ++j) {

@@ -13,6 +13,12 @@ namespace moe_cpu {
 // sums are exact), each piece with its own code sum: ActRows::NP pieces per group.
 constexpr int64_t kA16Piece = 256;
 inline int64_t a16_pieces(int64_t group_len) { return group_len > kA16Piece ? ceil_div(group_len, kA16Piece) : 1; }
+// Code sums per group of int weights' activation rows (ActRows::NP): A16 pieces, or the A8 activation blocks inside
+// a group when they are shorter than it; else 1.
+inline int64_t act_pieces(const PackedExperts& w) {
+  const int64_t gl = w.group_len(), B = w.a16 ? 0 : w.act_block;
+  return w.a16 ? a16_pieces(gl) : B && B < gl ? gl / B : 1;
+}
 // Where channel k sits in an int16 activation row: within each 4 channels the order is 0, 2, 1, 3, so that
 // one 32-bit word holds the pair of codes that meets the even (or the odd) bytes of a 4-byte weight word.
 inline int64_t a16_pos(int64_t k) { return (k & ~int64_t(3)) | ((k & 1) << 1) | ((k >> 1) & 1); }

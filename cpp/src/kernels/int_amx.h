@@ -43,7 +43,7 @@ struct IntPairTerms {
 inline void int_mins_row(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, const ActRows& a, int64_t row,
                          float* corr) {
   const IntFormBlock f(w, e, b, a.G);
-  if (a.bscale && w.act_block != kIMinRun * w.group_len()) {  // blocks shorter than a run: int_mins_term_f32's order
+  if (a.bscale && imins_f32(w)) {  // blocks shorter than a run: int_mins_term_f32's order
     const float* af = a.asum_f32 + row * a.G;
     for (int64_t j = 0; j < nj; ++j)
       for (int n = 0; n < 16; ++n) {

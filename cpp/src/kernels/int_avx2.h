@@ -169,7 +169,7 @@ struct IntAvx2 {
       alignas(32) float corr[MR == 1 ? H : 1][8];
       const bool run_mins = !kA16 && MR == 1 && kInt4 && has_mins && forms.imn;
       if (run_mins) {
-        const bool f32_sums = kBlk != 0 && w.act_block != kIMinRun * gl;  // blocks shorter than a run
+        const bool f32_sums = kBlk != 0 && imins_f32(w);  // blocks shorter than a run
         int_mins_term_ymm<H>(forms, f32_sums ? nullptr : a.asum16 + a.row_idx[r0] * a.G2, bsr[0],
                              f32_sums ? a.asum_f32 + a.row_idx[r0] * G : nullptr, corr);
       }

@@ -149,7 +149,7 @@ __attribute__((noinline)) void int_mins_term_f32(const PackedExperts& w, int64_t
 template <int MR, int NJ>
 __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0,
                                              float* corr) {
-  if (a.bscale && w.act_block != kIMinRun * w.group_len()) return int_mins_term_f32<MR, NJ>(w, e, b, a, r0, corr);
+  if (a.bscale && imins_f32(w)) return int_mins_term_f32<MR, NJ>(w, e, b, a, r0, corr);
   constexpr int64_t S2 = kIMinRun / 2;  // pairs per run (imin_groups is kIMinRun)
   const int64_t P2 = a.G2 / 2, runs = a.G2 / kIMinRun;  // a.G2 = 2 imin_pairs(w): no divisions
   const int16_t* as[MR];

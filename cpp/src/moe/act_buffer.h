@@ -40,9 +40,9 @@ struct ActBuffer {
     int_scheme = is_int_scheme(w.scheme), a16 = int_scheme && w.a16;
     f32 = !int_scheme && w.kernel->f32_acts;
     // integer mins: int16 code sums per group (activation blocks shorter than a run read asum_f32 instead)
-    imins = int_scheme && !a16 && w.has_mins && w.imin_groups > 0 && (!w.act_block || w.act_block == kIMinRun * w.group_len());
+    imins = int_scheme && !a16 && w.has_mins && w.imin_groups > 0 && !imins_f32(w);
     B = int_scheme && !a16 ? w.act_block : 0;
-    NP = a16 ? a16_pieces(gl) : B && B < gl ? gl / B : 1;
+    NP = int_scheme ? act_pieces(w) : 1;
     pk = a16 ? kA16Piece : B && B < gl ? B : 0;
     mins = int_scheme && w.has_mins;  // fp32 code sums: float mins, and the ymm kernels' integer mins
     G2 = imins ? imin_pairs(w) * 2 : 0;
@@ -68,29 +68,27 @@ struct ActBuffer {
       return set_int_row(row, x, amax);
     }
     int8_t* qr = q.data() + row * Kp;
-    if (B) {
-      if (row_amax(x, K) < 0.f)
-        throw ValueError(msg("non-finite ", what, " cannot be quantized to int8 (check the inputs and weights for overflow)"));
-      return set_block_row(row, x);
-    }
-    if (!quantize_row_int8(x, K, qr, &s[size_t(row)]))
+    if (B ? !set_block_row(row, x) : !quantize_row_int8(x, K, qr, &s[size_t(row)]))
       throw ValueError(msg("non-finite ", what, " cannot be quantized to int8 (check the inputs and weights for overflow)"));
-    finish_int_row(row);
+    if (!B) finish_int_row(row);
   }
-  // A8 with activation blocks: each block of B channels of the finite row x[K] gets its own scale (amax / 127,
-  // 1 if all zero) and codes, as a row would; the row scale is 1.
-  void set_block_row(int64_t row, const float* x) {
+  // A8 with activation blocks: each block of B channels of the row x[K] gets its own scale (amax / 127, 1 if all
+  // zero) and codes, as a row would; the row scale is 1. False (the row unfinished) if x has a non-finite value.
+  bool set_block_row(int64_t row, const float* x) {
     int8_t* qr = q.data() + row * Kp;
     float* br = bs.data() + row * G * NP;
     for (int64_t k0 = 0; k0 < K; k0 += B) {
+      const float amax = row_amax(x + k0, B);
+      if (amax < 0.f) return false;
       float sb;
-      quantize_row_int8_amax(x + k0, B, row_amax(x + k0, B), qr + k0, &sb);
+      quantize_row_int8_amax(x + k0, B, amax, qr + k0, &sb);
       // the pieces this block covers: one per B channels when B < gl, else the groups inside it
       if (NP > 1) br[k0 / B] = sb;
       else for (int64_t gi = k0 / gl; gi < std::min(G, (k0 + B) / gl); ++gi) br[gi] = sb;
     }
     s[size_t(row)] = 1.f;
     finish_int_row(row);
+    return true;
   }
   // Float schemes: values [k0, k0 + n) of row `row` rounded to bf16 (kept as bits, or as fp32 for
   // an f32_acts kernel); a span that ends at K also writes the zero padding.
@@ -112,7 +110,10 @@ struct ActBuffer {
       quantize_row_int16_amax(x, K, amax, q16.data() + row * Kp, &s[size_t(row)], a16_pos);
       return finish_a16_row(row);
     }
-    if (B) return set_block_row(row, x);
+    if (B) {  // amax finite: so is every block
+      set_block_row(row, x);
+      return;
+    }
     quantize_row_int8_amax(x, K, amax, q.data() + row * Kp, &s[size_t(row)]);
     finish_int_row(row);
   }

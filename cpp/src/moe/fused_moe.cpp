@@ -385,9 +385,8 @@ void fused_experts(const FusedMoeArgs& a) {
   // activation rows (H), and per worker a row of a GEMM1 piece (fp32, at most 2 * 64 + 32 columns,
   // when an expert's rows outgrow kPieceBytes).
   const auto act_row = [](const PackedExperts& w) {  // ActBuffer bytes per row
-    const int64_t gl = w.group_len(), B = w.a16 ? 0 : w.act_block;  // A8 blocks: code sums and scales per piece
-    const int64_t np = w.a16 ? a16_pieces(gl) : B && B < gl ? gl / B : 1;
-    return is_int_scheme(w.scheme) ? (w.a16 ? 2 : 1) * w.padded_k() + 4 + (B ? 8 : 4) * w.num_groups() * np
+    const bool blocks = !w.a16 && w.act_block;  // A8 blocks: code sums and block scales per piece
+    return is_int_scheme(w.scheme) ? (w.a16 ? 2 : 1) * w.padded_k() + 4 + (blocks ? 8 : 4) * w.num_groups() * act_pieces(w)
                                    : (w.kernel->f32_acts ? 4 : 2) * w.padded_k();
   };
   const int64_t I = a.w2->in_features, a1_rows = a.apply_router_weight_on_input ? a.k : 1;

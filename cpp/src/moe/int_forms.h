@@ -16,6 +16,9 @@ namespace moe_cpu {
 
 // Runs of kIMinRun groups (whole, the last one padded) of a matrix with G groups.
 inline int64_t int_form_runs(int64_t G) { return (G + kIMinRun - 1) / kIMinRun; }
+// Integer mins met in fp32 (the imins against the groups' fp32 scaled code sums): A8 activation blocks shorter than a
+// run of kIMinRun groups. A block of exactly one run scales the run's int32 sum instead.
+inline bool imins_f32(const PackedExperts& p) { return p.act_block && p.act_block != kIMinRun * p.group_len(); }
 // Pairs of groups of the integer mins (0 without them): the int16 code-sum row length G2 = 2 * pairs.
 inline int64_t imin_pairs(const PackedExperts& p) { return p.imin_groups ? int_form_runs(p.num_groups()) * (kIMinRun / 2) : 0; }
 // First element of column block eb = e * NB + b in each buffer, with `runs` runs (pairs = runs * kIMinRun / 2).

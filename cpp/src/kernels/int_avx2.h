@@ -6,7 +6,7 @@
 //     int8: w = u ^ 0x80 (signed); vpmaddubsw(|w|, sign(a, w)) gives w*a pairs <= 2*128*127 without
 //           saturation, so the sums are already zero-point free.
 //     int4 codebooks (Codes): kTable maps the codes through code_table (vpshufb) when its bytes are
-//           <= 31 (MXFP4: 0..24), so the int16 deferral below still cannot saturate; kSigned maps
+//           <= 31 (MXFP4: 0..24), with int16 sums of 2 k-steps instead of 4 so they cannot wrap; kSigned maps
 //           them to |codebook| and codebook and multiplies as int8 does (IQ4_NL: -127..113).
 //   IntDot::kVnniVex (w4a8_avx2vnni, w8a8_avx2vnni; + AVX-VNNI): {vex} vpdpbusd on the stored
 //     unsigned bytes (int4 codebooks: through code_table), zero point (code_zero, 128 or stored)
@@ -296,11 +296,13 @@ struct IntAvx2 {
           }
         };
         if constexpr (kInt4 && D == IntDot::kMaddubs && C != Codes::kSigned) {
-          // int16 sums of 4 k-steps (8 products <= 8 * 31 * 128 < 2^15), then one vpmaddwd.
-          for (int64_t q0 = s0; q0 < s1; q0 += 4) {
+          // int16 sums of kChunk k-steps (each adds 4 products to a lane: 16 codes <= 15, or 8 table bytes <= 31,
+          // times 127 < 2^15), then one vpmaddwd.
+          constexpr int kChunk = C == Codes::kTable ? 2 : 4;
+          for (int64_t q0 = s0; q0 < s1; q0 += kChunk) {
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
               _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) a16[r][h] = _mm256_setzero_si256();
-            for (int64_t t = q0, q1 = std::min(s1, q0 + 4); t < q1; ++t) {
+            for (int64_t t = q0, q1 = std::min(s1, q0 + kChunk); t < q1; ++t) {
               if constexpr (MR > 1) pf.step();
               step_at(t);
             }
@@ -349,17 +351,32 @@ struct IntAvx2 {
   };
 };
 
+// Row tiles for scale groups of 32 on the vpmaddubsw tier (int4_avx2_g32.h, which a kernel file using
+// IntDot::kMaddubs includes), kG32Rows rows each.
+template <Codes C, int kBlk> struct Int4Avx2G32;
+constexpr int kG32Rows = 8;
+inline bool int4_g32_fits(const PackedExperts& w, const ActRows& a, Codes c);
+
+// The int4 GEMM of dot D with codes C: groups of 32 in Int4Avx2G32's row tiles where they fit, else IntAvx2.
+template <IntDot D, Codes C, int MR, int NJ, int ND, int kBlk>
+void int4_avx2_code_form_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                              int64_t ldc) {
+  if constexpr (D == IntDot::kMaddubs && kBlk <= 1)
+    if (int4_g32_fits(w, a, C)) return drive<Int4Avx2G32<C, kBlk>::template Micro, kG32Rows, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  drive<IntAvx2<true, D, C, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+}
+
 // The int4 GEMM of dot D: codes as stored, or mapped through the codebook (kSigned when vpmaddubsw
 // would saturate on code_table bytes > 31).
 template <IntDot D, int MR, int NJ, int ND, int kBlk>
 void int4_avx2_codes_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                              int64_t ldc) {
-  if (!w.code_shuffle) return drive<IntAvx2<true, D, Codes::kPlain, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  if (!w.code_shuffle) return int4_avx2_code_form_gemm<D, Codes::kPlain, MR, NJ, ND, kBlk>(w, e, b0, b1, a, c, ldc);
   int top = 0;
   for (uint8_t u : w.code_table) top = std::max(top, int(u));
   if (D != IntDot::kMaddubs || top <= 31)
-    return drive<IntAvx2<true, D, Codes::kTable, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
-  drive<IntAvx2<true, D, Codes::kSigned, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+    return int4_avx2_code_form_gemm<D, Codes::kTable, MR, NJ, ND, kBlk>(w, e, b0, b1, a, c, ldc);
+  int4_avx2_code_form_gemm<D, Codes::kSigned, MR, NJ, ND, kBlk>(w, e, b0, b1, a, c, ldc);
 }
 template <IntDot D, int MR, int NJ, int ND>
 void int4_avx2_codes_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,

@@ -1,0 +1,140 @@
+// int4_avx2_g32.h — row tiles of the vpmaddubsw int4 kernel (w4a8_avx2) for scale groups of 32, the
+// GGUF forms (Q4_0, Q4_K, IQ4_NL / IQ4_XS): MR rows x 8 columns at a time, one ymm fp32 sum per row
+// held in a register across all groups. Per (group, 8 columns) the 4 k-steps' codes are unpacked once
+// into 8 ymm and serve every row of the tile; per row and group:
+//   kPlain: 8 vpmaddubsw whose int16 outputs add as a tree (16 products <= 16 * 15 * 127 < 2^15), one
+//     vpmaddwd, minus code_zero * the group's code sum (int32);
+//   kSigned: vpmaddubsw(|codebook|, sign(a, codebook)) then vpmaddwd per step (2 * 127 * 127 < 2^15);
+// then, as IntAvx2 computes them (the same integers, the same fp32 operations in the same order):
+// converted, times the group's block scale (kBlk), fmadd with the group scale, minus min * the group's
+// scaled code sum. The decode tile (one row) stays IntAvx2's.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/layout.h"
+#include "kernels/tile_driver.h"
+#include "kernels/int_avx2.h"
+#include "kernels/isa.h"
+
+MOE_ISA_BEGIN
+
+// Groups a tile holds code_zero * code sum for on its stack.
+constexpr int64_t kG32MaxGroups = 512;
+
+// Whether Int4Avx2G32 runs this GEMM's row tiles: groups of 32 along all of K, no stored zero points,
+// activations per token or one block scale per group, codes as stored (kPlain) or through |codebook| (kSigned).
+inline bool int4_g32_fits(const PackedExperts& w, const ActRows& a, Codes c) {  // (declared in int_avx2.h)
+  if (w.group_len() != 32 || a.Kp != a.G * 32 || a.G > kG32MaxGroups || w.has_zeros || a.rows < 2) return false;
+  if (a.bscale && a.NP != 1) return false;
+  return c != Codes::kTable;  // (codebooks of small codes: IntAvx2)
+}
+
+// The 16 activation bytes at p in both 128-bit lanes.
+inline __m256i bcast16(const int8_t* p) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <Codes C, int kBlk>
+struct Int4Avx2G32 {
+  template <int MR, int NJ>
+  struct Micro {
+    static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
+                    int64_t ldc) {
+      if constexpr (NJ > 1) {  // (drive's decode instance; these tiles run for two rows or more)
+        for (int j = 0; j < NJ; ++j) Micro<MR, 1>::run(w, e, b + j, a, r0, c + j * 16, ldc);
+        return;
+      }
+      const int64_t G = a.G;
+      const uint8_t* panel = w.panel(e, b);
+      const int64_t sbase = ScaleIndex(w, e, b, G).base;
+      const float* sc = a.blk_scales ? a.blk_scales : w.scales.as<float>() + sbase;  // [G][16]
+      const float* mn = !w.has_mins ? nullptr : a.blk_mins ? a.blk_mins : w.mins.as<float>() + sbase;
+      const int8_t* arow[MR];
+      const float* bsr[MR];
+      const float* asf[MR];
+      const int zc = C == Codes::kSigned ? 0 : w.code_zero;
+      alignas(32) int32_t zs[MR][kG32MaxGroups];  // code_zero * code sum per row and group
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+        const int64_t ri = a.row_idx[r0 + r];
+        arow[r] = a.q + ri * a.Kp;
+        bsr[r] = kBlk ? a.bscale + ri * G : nullptr;
+        asf[r] = mn ? a.asum_f32 + ri * G : nullptr;
+        if (zc)
+          for (int64_t gi = 0; gi < G; ++gi) zs[r][gi] = zc * a.asum[ri * G + gi];
+      }
+      const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+      const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+          C == Codes::kSigned ? (const void*)w.codebook : (const void*)w.code_table)));
+      const __m256i abs_table = _mm256_abs_epi8(table);
+      NextGroupPrefetch<> pf(w, e, b, 1, r0, MR, a.rows, 2 * a.Kp / 8);
+      alignas(32) float out[MR][16];
+      for (int h = 0; h < 2; ++h) {
+        __m256 acc[MR];
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+        const uint8_t* ph = panel + h * 32;
+        for (int64_t gi = 0; gi < G; ++gi) {
+          pf.steps(4);
+          const uint8_t* pg = ph + gi * 256;
+          // One row's group: the exact int32 sums to the fp32 sum, as IntAvx2's epilogue.
+          const auto finish = [&](int r, __m256i exact) __attribute__((always_inline)) {
+            if (zc) exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(zs[r][gi]));
+            __m256 x = _mm256_cvtepi32_ps(exact);
+            if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_broadcast_ss(bsr[r] + gi));
+            acc[r] = _mm256_fmadd_ps(x, _mm256_load_ps(sc + gi * 16 + h * 8), acc[r]);
+            if (mn) acc[r] = _mm256_fnmadd_ps(_mm256_load_ps(mn + gi * 16 + h * 8), _mm256_broadcast_ss(asf[r] + gi), acc[r]);
+          };
+          if constexpr (C != Codes::kSigned) {
+            __m256i lo[4], hi[4];
+            _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+              const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + t * 64));
+              lo[t] = _mm256_and_si256(v, low4), hi[t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+              // the group's 32 activation bytes as two 16-byte halves in both lanes; vpshufd picks each step's 4
+              const __m256i yl = bcast16(arow[r] + gi * 32), yh = bcast16(arow[r] + gi * 32 + 16);
+              const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], _mm256_shuffle_epi32(yl, 0x00)),
+                                                  _mm256_maddubs_epi16(hi[0], _mm256_shuffle_epi32(yl, 0x55)));
+              const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], _mm256_shuffle_epi32(yl, 0xaa)),
+                                                  _mm256_maddubs_epi16(hi[1], _mm256_shuffle_epi32(yl, 0xff)));
+              const __m256i p2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[2], _mm256_shuffle_epi32(yh, 0x00)),
+                                                  _mm256_maddubs_epi16(hi[2], _mm256_shuffle_epi32(yh, 0x55)));
+              const __m256i p3 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[3], _mm256_shuffle_epi32(yh, 0xaa)),
+                                                  _mm256_maddubs_epi16(hi[3], _mm256_shuffle_epi32(yh, 0xff)));
+              finish(r, _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3)), ones));
+            }
+          } else {  // two passes of two k-steps: |codebook| and codebook of 16 channels in 8 ymm
+            __m256i s[MR];
+            _Pragma("GCC unroll 2") for (int p = 0; p < 2; ++p) {
+              __m256i sw[4], aw[4];
+              _Pragma("GCC unroll 2") for (int t = 0; t < 2; ++t) {
+                const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + (2 * p + t) * 64));
+                const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                sw[2 * t] = _mm256_shuffle_epi8(table, lo), aw[2 * t] = _mm256_shuffle_epi8(abs_table, lo);
+                sw[2 * t + 1] = _mm256_shuffle_epi8(table, hi), aw[2 * t + 1] = _mm256_shuffle_epi8(abs_table, hi);
+              }
+              _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+                const __m256i y = bcast16(arow[r] + gi * 32 + p * 16);
+                const auto d = [&](int q, __m256i yq) __attribute__((always_inline)) {
+                  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw[q], _mm256_sign_epi8(yq, sw[q])), ones);
+                };
+                const __m256i part = _mm256_add_epi32(_mm256_add_epi32(d(0, _mm256_shuffle_epi32(y, 0x00)), d(1, _mm256_shuffle_epi32(y, 0x55))),
+                                                      _mm256_add_epi32(d(2, _mm256_shuffle_epi32(y, 0xaa)), d(3, _mm256_shuffle_epi32(y, 0xff))));
+                if (p == 0) s[r] = part;
+                else finish(r, _mm256_add_epi32(s[r], part));
+              }
+            }
+          }
+        }
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+          _mm256_store_ps(out[r] + h * 8, _mm256_mul_ps(acc[r], _mm256_set1_ps(a.scale[a.row_idx[r0 + r]])));
+      }
+      const int valid = valid_cols(w, b);
+      for (int r = 0; r < MR; ++r) std::memcpy(c + (r0 + r) * ldc, out[r], size_t(valid) * 4);
+    }
+  };
+};
+
+MOE_ISA_END

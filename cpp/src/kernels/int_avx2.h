@@ -351,18 +351,24 @@ struct IntAvx2 {
   };
 };
 
-// Row tiles for scale groups of 32 on the vpmaddubsw tier (int4_avx2_g32.h, which a kernel file using
+// Row tiles for short scale groups on the vpmaddubsw tier (int_avx2_g32.h, which a kernel file using
 // IntDot::kMaddubs includes), kG32Rows rows each.
-template <Codes C, int kBlk> struct Int4Avx2G32;
+template <bool kInt4, Codes C, int kBlk, int P> struct IntAvx2G32;
+template <template <int, int> class Micro, int R>
+void drive_even(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc);
 constexpr int kG32Rows = 8;
 inline bool int4_g32_fits(const PackedExperts& w, const ActRows& a, Codes c);
+inline int int8_g32_passes(const PackedExperts& w, const ActRows& a);
+template <int NJ, int ND>
+void int8_avx2_g32_gemm(int P, const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                        int64_t ldc);
 
-// The int4 GEMM of dot D with codes C: groups of 32 in Int4Avx2G32's row tiles where they fit, else IntAvx2.
+// The int4 GEMM of dot D with codes C: groups of 32 in IntAvx2G32's row tiles where they fit, else IntAvx2.
 template <IntDot D, Codes C, int MR, int NJ, int ND, int kBlk>
 void int4_avx2_code_form_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                               int64_t ldc) {
   if constexpr (D == IntDot::kMaddubs && kBlk <= 1)
-    if (int4_g32_fits(w, a, C)) return drive<Int4Avx2G32<C, kBlk>::template Micro, kG32Rows, NJ, ND>(w, e, b0, b1, a, c, ldc);
+    if (int4_g32_fits(w, a, C)) return drive_even<IntAvx2G32<true, C, kBlk, 2>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
   drive<IntAvx2<true, D, C, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
 }
 
@@ -388,9 +394,11 @@ void int4_avx2_codes_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t
   int4_avx2_codes_gemm_as<D, MR, NJ, ND, 0>(w, e, b0, b1, a, c, ldc);
 }
 
-// The int8 GEMM of dot D (A8: per token or with activation blocks).
+// The int8 GEMM of dot D (A8: per token or with activation blocks); groups of 16 or 32 in IntAvx2G32's row tiles.
 template <IntDot D, int MR, int NJ, int ND>
 void int8_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  if constexpr (D == IntDot::kMaddubs)
+    if (const int P = int8_g32_passes(w, a)) return int8_avx2_g32_gemm<NJ, ND>(P, w, e, b0, b1, a, c, ldc);
   if (a.bscale)
     return a.NP > 1 ? drive<IntAvx2<false, D, Codes::kPlain, 2>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc)
                     : drive<IntAvx2<false, D, Codes::kPlain, 1>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);

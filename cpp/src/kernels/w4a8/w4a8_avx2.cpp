@@ -5,8 +5,8 @@
 // run of 8 groups) turned into the same fp32 values per group.
 // Needs: AVX2, FMA. Limits: any M, any N, K % group == 0.
 #define MOE_ISA avx2  // kernels/isa.h: this file's ISA region
-#include "kernels/int4_avx2_g32.h"
 #include "kernels/int_avx2.h"
+#include "kernels/int_avx2_g32.h"
 #include "moe_cpu/cpu_features.h"
 
 namespace moe_cpu {

@@ -4,6 +4,7 @@
 // Needs: AVX2, FMA. Limits: any M, N; group length <= 65536.
 #define MOE_ISA avx2  // kernels/isa.h: this file's ISA region
 #include "kernels/int_avx2.h"
+#include "kernels/int_avx2_g32.h"
 #include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"
 

@@ -1,10 +1,11 @@
-// int4_avx2_g32.h — row tiles of the vpmaddubsw int4 kernel (w4a8_avx2) for scale groups of 32, the
-// GGUF forms (Q4_0, Q4_K, IQ4_NL / IQ4_XS): MR rows x 8 columns at a time, one ymm fp32 sum per row
-// held in a register across all groups. Per (group, 8 columns) the 4 k-steps' codes are unpacked once
-// into 8 ymm and serve every row of the tile; per row and group:
-//   kPlain: 8 vpmaddubsw whose int16 outputs add as a tree (16 products <= 16 * 15 * 127 < 2^15), one
+// int_avx2_g32.h — row tiles of the vpmaddubsw int kernels (w4a8_avx2, w8a8_avx2) for short scale groups,
+// the GGUF forms: int4 groups of 32 (Q4_0, Q4_K, IQ4_NL / IQ4_XS), int8 groups of 32 (Q8_0, Q5_0, Q5_K) and 16
+// (Q6_K). MR rows x 8 columns at a time, one ymm fp32 sum per row held in a register across all groups. Per
+// (group, 8 columns) the codes are unpacked once and serve every row of the tile; per row and group:
+//   int4 kPlain: 8 vpmaddubsw whose int16 outputs add as a tree (16 products <= 16 * 15 * 127 < 2^15), one
 //     vpmaddwd, minus code_zero * the group's code sum (int32);
-//   kSigned: vpmaddubsw(|codebook|, sign(a, codebook)) then vpmaddwd per step (2 * 127 * 127 < 2^15);
+//   int4 kSigned, int8: vpmaddubsw(|w|, sign(a, w)) then vpmaddwd per 4 channels (2 * 128 * 127 < 2^15), in
+//     passes of 16 channels (w = codebook value, or the int8 byte minus 128);
 // then, as IntAvx2 computes them (the same integers, the same fp32 operations in the same order):
 // converted, times the group's block scale (kBlk), fmadd with the group scale, minus min * the group's
 // scaled code sum. The decode tile (one row) stays IntAvx2's.
@@ -24,12 +25,19 @@ MOE_ISA_BEGIN
 // Groups a tile holds code_zero * code sum for on its stack.
 constexpr int64_t kG32MaxGroups = 512;
 
-// Whether Int4Avx2G32 runs this GEMM's row tiles: groups of 32 along all of K, no stored zero points,
-// activations per token or one block scale per group, codes as stored (kPlain) or through |codebook| (kSigned).
+// Whether IntAvx2G32 runs this GEMM's row tiles: groups of gl along all of K, activations per token or one
+// block scale per group, two rows or more.
+inline bool g32_fits(const PackedExperts& w, const ActRows& a, int64_t gl) {
+  return w.group_len() == gl && a.Kp == a.G * gl && a.G <= kG32MaxGroups && a.rows >= 2 && (!a.bscale || a.NP == 1);
+}
+// int4: groups of 32, no stored zero points, codes as stored (kPlain) or through |codebook| (kSigned; a
+// codebook of small codes, kTable, stays IntAvx2's).
 inline bool int4_g32_fits(const PackedExperts& w, const ActRows& a, Codes c) {  // (declared in int_avx2.h)
-  if (w.group_len() != 32 || a.Kp != a.G * 32 || a.G > kG32MaxGroups || w.has_zeros || a.rows < 2) return false;
-  if (a.bscale && a.NP != 1) return false;
-  return c != Codes::kTable;  // (codebooks of small codes: IntAvx2)
+  return g32_fits(w, a, 32) && !w.has_zeros && c != Codes::kTable;
+}
+// int8: groups of 16 or 32 (the passes per group, 1 or 2), else 0.
+inline int int8_g32_passes(const PackedExperts& w, const ActRows& a) {  // (declared in int_avx2.h)
+  return g32_fits(w, a, 16) ? 1 : g32_fits(w, a, 32) ? 2 : 0;
 }
 
 // The 16 activation bytes at p in both 128-bit lanes.
@@ -37,16 +45,14 @@ inline __m256i bcast16(const int8_t* p) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-template <Codes C, int kBlk>
-struct Int4Avx2G32 {
+// kInt4: int4 codes C in groups of 32 (P = 2); else int8 in groups of 16 P.
+template <bool kInt4, Codes C, int kBlk, int P>
+struct IntAvx2G32 {
   template <int MR, int NJ>
   struct Micro {
     static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
                     int64_t ldc) {
-      if constexpr (NJ > 1) {  // (drive's decode instance; these tiles run for two rows or more)
-        for (int j = 0; j < NJ; ++j) Micro<MR, 1>::run(w, e, b + j, a, r0, c + j * 16, ldc);
-        return;
-      }
+      static_assert(NJ == 1, "one column block per row tile (drive_even)");
       const int64_t G = a.G;
       const uint8_t* panel = w.panel(e, b);
       const int64_t sbase = ScaleIndex(w, e, b, G).base;
@@ -55,7 +61,8 @@ struct Int4Avx2G32 {
       const int8_t* arow[MR];
       const float* bsr[MR];
       const float* asf[MR];
-      const int zc = C == Codes::kSigned ? 0 : w.code_zero;
+      constexpr int64_t gl = 16 * P, gbytes = kInt4 ? 8 * gl : 16 * gl;  // a group's bytes in one half-panel
+      const int zc = kInt4 && C == Codes::kPlain ? w.code_zero : 0;
       alignas(32) int32_t zs[MR][kG32MaxGroups];  // code_zero * code sum per row and group
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
         const int64_t ri = a.row_idx[r0 + r];
@@ -65,19 +72,19 @@ struct Int4Avx2G32 {
         if (zc)
           for (int64_t gi = 0; gi < G; ++gi) zs[r][gi] = zc * a.asum[ri * G + gi];
       }
-      const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+      const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
       const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
           C == Codes::kSigned ? (const void*)w.codebook : (const void*)w.code_table)));
       const __m256i abs_table = _mm256_abs_epi8(table);
-      NextGroupPrefetch<> pf(w, e, b, 1, r0, MR, a.rows, 2 * a.Kp / 8);
+      NextGroupPrefetch<> pf(w, e, b, 1, r0, MR, a.rows, 2 * a.Kp / (kInt4 ? 8 : 4));
       alignas(32) float out[MR][16];
       for (int h = 0; h < 2; ++h) {
         __m256 acc[MR];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
         const uint8_t* ph = panel + h * 32;
         for (int64_t gi = 0; gi < G; ++gi) {
-          pf.steps(4);
-          const uint8_t* pg = ph + gi * 256;
+          pf.steps(kInt4 ? 4 : gl / 4);
+          const uint8_t* pg = ph + gi * gbytes;
           // One row's group: the exact int32 sums to the fp32 sum, as IntAvx2's epilogue.
           const auto finish = [&](int r, __m256i exact) __attribute__((always_inline)) {
             if (zc) exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(zs[r][gi]));
@@ -86,7 +93,7 @@ struct Int4Avx2G32 {
             acc[r] = _mm256_fmadd_ps(x, _mm256_load_ps(sc + gi * 16 + h * 8), acc[r]);
             if (mn) acc[r] = _mm256_fnmadd_ps(_mm256_load_ps(mn + gi * 16 + h * 8), _mm256_broadcast_ss(asf[r] + gi), acc[r]);
           };
-          if constexpr (C != Codes::kSigned) {
+          if constexpr (kInt4 && C == Codes::kPlain) {
             __m256i lo[4], hi[4];
             _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
               const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + t * 64));
@@ -105,24 +112,32 @@ struct Int4Avx2G32 {
                                                   _mm256_maddubs_epi16(hi[3], _mm256_shuffle_epi32(yh, 0xff)));
               finish(r, _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3)), ones));
             }
-          } else {  // two passes of two k-steps: |codebook| and codebook of 16 channels in 8 ymm
+          } else {  // passes of 16 channels: w and |w| in 8 ymm (int4: two k-steps' codes; int8: four k-steps)
             __m256i s[MR];
-            _Pragma("GCC unroll 2") for (int p = 0; p < 2; ++p) {
+            _Pragma("GCC unroll 2") for (int p = 0; p < P; ++p) {
               __m256i sw[4], aw[4];
-              _Pragma("GCC unroll 2") for (int t = 0; t < 2; ++t) {
-                const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + (2 * p + t) * 64));
-                const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-                sw[2 * t] = _mm256_shuffle_epi8(table, lo), aw[2 * t] = _mm256_shuffle_epi8(abs_table, lo);
-                sw[2 * t + 1] = _mm256_shuffle_epi8(table, hi), aw[2 * t + 1] = _mm256_shuffle_epi8(abs_table, hi);
+              if constexpr (kInt4) {
+                _Pragma("GCC unroll 2") for (int t = 0; t < 2; ++t) {
+                  const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + (2 * p + t) * 64));
+                  const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                  sw[2 * t] = _mm256_shuffle_epi8(table, lo), aw[2 * t] = _mm256_shuffle_epi8(abs_table, lo);
+                  sw[2 * t + 1] = _mm256_shuffle_epi8(table, hi), aw[2 * t + 1] = _mm256_shuffle_epi8(abs_table, hi);
+                }
+              } else {
+                _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+                  sw[t] = _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(pg + (4 * p + t) * 64)), flip);
+                  aw[t] = _mm256_abs_epi8(sw[t]);
+                }
               }
               _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-                const __m256i y = bcast16(arow[r] + gi * 32 + p * 16);
+                const __m256i y = bcast16(arow[r] + gi * gl + p * 16);
                 const auto d = [&](int q, __m256i yq) __attribute__((always_inline)) {
                   return _mm256_madd_epi16(_mm256_maddubs_epi16(aw[q], _mm256_sign_epi8(yq, sw[q])), ones);
                 };
                 const __m256i part = _mm256_add_epi32(_mm256_add_epi32(d(0, _mm256_shuffle_epi32(y, 0x00)), d(1, _mm256_shuffle_epi32(y, 0x55))),
                                                       _mm256_add_epi32(d(2, _mm256_shuffle_epi32(y, 0xaa)), d(3, _mm256_shuffle_epi32(y, 0xff))));
-                if (p == 0) s[r] = part;
+                if (P == 1) finish(r, part);
+                else if (p == 0) s[r] = part;
                 else finish(r, _mm256_add_epi32(s[r], part));
               }
             }
@@ -136,5 +151,30 @@ struct Int4Avx2G32 {
     }
   };
 };
+
+// drive() for row tiles of up to R rows, the rows split evenly over the fewest tiles (11 rows: 6 + 5, not 8 + 3),
+// one column block at a time.
+template <template <int, int> class Micro, int R>
+void drive_even(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  const int64_t tiles = (a.rows + R - 1) / R, base = a.rows / tiles, extra = a.rows % tiles;
+  for (int64_t b = b0; b < b1; ++b)
+    for (int64_t t = 0, r = 0; t < tiles; ++t) {
+      const int64_t n = base + (t < extra);
+      if (n == R) Micro<R, 1>::run(w, e, b, a, r, c + (b - b0) * 16, ldc);
+      else tail_rows<Micro, R, 1>(n, w, e, b, a, r, c + (b - b0) * 16, ldc);
+      r += n;
+    }
+}
+
+// The int8 GEMM in IntAvx2G32's row tiles, P passes per group (int8_g32_passes).
+template <int NJ, int ND>
+void int8_avx2_g32_gemm(int P, const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                        int64_t ldc) {
+  if (a.bscale)
+    return P == 1 ? drive_even<IntAvx2G32<false, Codes::kPlain, 1, 1>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc)
+                  : drive_even<IntAvx2G32<false, Codes::kPlain, 1, 2>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+  P == 1 ? drive_even<IntAvx2G32<false, Codes::kPlain, 0, 1>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc)
+         : drive_even<IntAvx2G32<false, Codes::kPlain, 0, 2>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+}
 
 MOE_ISA_END

@@ -5,6 +5,7 @@
 #include "moe_cpu/cpu_features.h"
 #include "moe_cpu/errors.h"
 #include "moe_cpu/fused_moe.h"
+#include "moe_cpu/threads.h"
 
 namespace py = pybind11;
 
@@ -36,6 +37,8 @@ PYBIND11_MODULE(_core, m) {
   bind_layer(m);
   m.def("set_num_threads", &moe_cpu::set_num_threads, py::arg("n"));
   m.def("get_num_threads", &moe_cpu::get_num_threads);
+  moe_cpu::compute_team();  // a bad MOE_CPU_TEAM / MOE_CPU_SPIN_US fails the import, naming the variable
+  m.def("compute_team", &moe_cpu::compute_team);
   m.def("set_scratch_limit", &moe_cpu::set_scratch_limit, py::arg("bytes"));
   m.def("get_scratch_limit", &moe_cpu::get_scratch_limit);
   m.def("detected_features", [] { return moe_cpu::feature_names(moe_cpu::detected_features()); });

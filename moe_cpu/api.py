@@ -21,7 +21,7 @@ from ._dtypes import as_bits, is_named
 __all__ = [
     "PackedExperts", "pack_int4", "pack_int8", "pack_fp8", "pack_bf16", "quantize_experts",
     "fused_experts", "shared_expert", "select_experts", "moe_align_block_size",
-    "dynamic_4bit_int_moe", "load_packed", "set_num_threads", "get_num_threads", "set_scratch_limit", "get_scratch_limit", "cpu_features", "force_isa",
+    "dynamic_4bit_int_moe", "load_packed", "set_num_threads", "get_num_threads", "compute_team", "set_scratch_limit", "get_scratch_limit", "cpu_features", "force_isa",
     "set_amx_min_rows", "get_amx_min_rows",
     "SCHEMES", "A8_SCHEMES", "A16_SCHEMES", "ACTIVATIONS", "ACT_BLOCKS",
 ]
@@ -386,9 +386,11 @@ def load_packed(path: "str | os.PathLike[str]", mmap: bool = True, verify: bool 
 
 
 def set_num_threads(n: int) -> None:
-    """Set the number of OpenMP threads used by every call (default: OpenMP's default).
+    """Set the number of threads of every call's compute team (default: OpenMP's default, i.e. ``OMP_NUM_THREADS``
+    or the processors this process may run on).
 
-    ``n`` must be in [1, 1024], or up to the machine's processor count where that is larger (ValueError).
+    ``n`` must be in [1, 1024], or up to the machine's processor count where that is larger (ValueError). More
+    threads than processors is allowed and only slows calls down (docs/threads.md).
     """
     _core.set_num_threads(_int_arg(n, "n"))
 
@@ -396,6 +398,13 @@ def set_num_threads(n: int) -> None:
 def get_num_threads() -> int:
     """The number of threads used by every call."""
     return _core.get_num_threads()
+
+
+def compute_team() -> str:
+    """Which compute team runs the parallel loops and how its idle threads wait, in words (docs/threads.md):
+    moe_cpu's own team by default; OpenMP's with ``MOE_CPU_TEAM=omp`` or when ``OMP_PROC_BIND`` / ``OMP_PLACES``
+    is set. ``MOE_CPU_SPIN_US`` sets how long idle workers poll before they sleep (default 200)."""
+    return _core.compute_team()
 
 
 def set_scratch_limit(nbytes: int) -> None:

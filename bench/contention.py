@@ -19,7 +19,7 @@ What it prints
 Usage
     python bench/contention.py                                   # M = 1, 128; 0 (quiet), 1, 2 neighbours
     python bench/contention.py --m 1 --neighbours 2 --calls 400
-    GOMP_SPINCOUNT=300000 python bench/contention.py             # libgomp's own default, to compare
+    MOE_CPU_TEAM=omp python bench/contention.py                  # the same on OpenMP's team, to compare
 """
 from __future__ import annotations
 
@@ -154,9 +154,8 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
     w13 = random_packed(rng, "int4_w4a8", E, 2 * I, H)
     w2 = random_packed(rng, "int4_w4a8", E, H, I)
-    env = {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MOE_CPU_SPIN_US") if k in os.environ}
     print(f"# host: {os.cpu_count()} CPUs, load average {', '.join(f'{v:.1f}' for v in os.getloadavg())}; "
-          f"moe_cpu threads {args.threads}, kernel {w13.kernel}, env {env or '(default)'}")
+          f"moe_cpu threads {args.threads}, kernel {w13.kernel}, team {moe_cpu.compute_team()}")
     print(f"# {'engine':8} {'M':>5} {'neigh':>5} | {'p10 ms':>8} {'p50 ms':>8} {'p90 ms':>8} | p50/quiet p90/quiet")
     engines = [("moe_cpu", lambda M: moe_cpu_case(M, w13, w2, rng, Routing(rng, E, K)))]
     if args.ik:

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     per_expert = (w13.nbytes + w2.nbytes) / E
     buf = _core.ReadBuffer(args.bw_bytes)
     lines = [f"# host: {cores} CPUs ({os.uname().machine}), load average "
-             f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}; {args.scheme} {w13.kernel}; "
+             f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}; {args.scheme} {w13.kernel}; team {moe_cpu.compute_team()}; "
              f"Qwen3-30B-A3B block (H {H}, E {E}, FFN {I}, top-{K}); decode reads {K * per_expert / 2**20:.1f} MiB/call",
              f"# {'threads':>7} | " + " | ".join(f"M={M}: tok/s   eff" for M in Ms) + " | read GB/s  decode GB/s  share"]
     print("\n".join(lines), flush=True)

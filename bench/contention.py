@@ -33,8 +33,8 @@ from typing import Dict, List
 import numpy as np
 
 import moe_cpu
-from moe_cpu.bench.random_forms import random_packed
-from moe_cpu.bench.timing import Routing
+from moe_cpu.bench.random_forms import random_block
+from moe_cpu.bench.timing import routing_pool
 
 H, I, E, K = 2048, 768, 128, 8
 
@@ -87,13 +87,9 @@ def time_calls(fn, calls: int, warmup: int = 20) -> List[float]:
     return out
 
 
-def moe_cpu_case(M: int, w13, w2, rng, routing: Routing):
+def moe_cpu_case(M: int, w13, w2, rng):
     x = rng.standard_normal((M, H)).astype(np.float32)
-    pool = []
-    for _ in range(16):
-        ids = routing.next(M)
-        tw = rng.random(ids.shape).astype(np.float32)
-        pool.append((ids, tw / tw.sum(1, keepdims=True)))
+    pool = routing_pool(rng, E, K, M)
     state = {"i": 0}
 
     def call():
@@ -152,12 +148,11 @@ def main(argv=None) -> int:
         ap.error("--calls must be >= 0")
     moe_cpu.set_num_threads(args.threads)  # ValueError (named) outside [1, cores]
     rng = np.random.default_rng(args.seed)
-    w13 = random_packed(rng, "int4_w4a8", E, 2 * I, H)
-    w2 = random_packed(rng, "int4_w4a8", E, H, I)
+    w13, w2 = random_block(rng, "int4_w4a8", H, I, E)
     print(f"# host: {os.cpu_count()} CPUs, load average {', '.join(f'{v:.1f}' for v in os.getloadavg())}; "
           f"moe_cpu threads {args.threads}, kernel {w13.kernel}, team {moe_cpu.compute_team()}")
     print(f"# {'engine':8} {'M':>5} {'neigh':>5} | {'p10 ms':>8} {'p50 ms':>8} {'p90 ms':>8} | p50/quiet p90/quiet")
-    engines = [("moe_cpu", lambda M: moe_cpu_case(M, w13, w2, rng, Routing(rng, E, K)))]
+    engines = [("moe_cpu", lambda M: moe_cpu_case(M, w13, w2, rng))]
     if args.ik:
         engines.append(("ik", lambda M: ik_case(M, args.threads)))
     for name, make in engines:

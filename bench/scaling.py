@@ -31,8 +31,8 @@ import numpy as np
 
 import moe_cpu
 from moe_cpu import _core
-from moe_cpu.bench.random_forms import random_packed
-from moe_cpu.bench.timing import Routing
+from moe_cpu.bench.random_forms import random_block
+from moe_cpu.bench.timing import routing_pool
 
 H, I, E, K = 2048, 768, 128, 8
 
@@ -58,8 +58,7 @@ def main(argv=None) -> int:
     if ts[0] != 1:
         ts = [1] + ts  # efficiency is against one thread
     rng = np.random.default_rng(0)
-    w13 = random_packed(rng, args.scheme, E, 2 * I, H)
-    w2 = random_packed(rng, args.scheme, E, H, I)
+    w13, w2 = random_block(rng, args.scheme, H, I, E)
     per_expert = (w13.nbytes + w2.nbytes) / E
     buf = _core.ReadBuffer(args.bw_bytes)
     lines = [f"# host: {cores} CPUs ({os.uname().machine}), load average "
@@ -77,13 +76,8 @@ def main(argv=None) -> int:
         moe_cpu.set_num_threads(t)
         cells, dec_gbs = [], None
         for M in Ms:
-            routing = Routing(rng, E, K)
             x = rng.standard_normal((M, H)).astype(np.float32)
-            pool = []
-            for _ in range(16):
-                ids = routing.next(M)
-                tw = rng.random(ids.shape).astype(np.float32)
-                pool.append((ids, tw / tw.sum(1, keepdims=True)))
+            pool = routing_pool(rng, E, K, M)
             reps = args.reps or (200 if M == 1 else 5)
             for i in range(3):
                 moe_cpu.fused_experts(x, w13, w2, pool[i][1], pool[i][0])

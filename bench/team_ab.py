@@ -23,22 +23,17 @@ CHILD = r"""
 import json, statistics, sys, time
 import numpy as np
 import moe_cpu
-from moe_cpu.bench.random_forms import random_packed
-from moe_cpu.bench.timing import Routing
+from moe_cpu.bench.random_forms import random_block
+from moe_cpu.bench.timing import routing_pool
 H, I, E, K = 2048, 768, 128, 8
 Ms, threads = json.loads(sys.argv[1]), int(sys.argv[2])
 moe_cpu.set_num_threads(threads)
 rng = np.random.default_rng(0)
-w13, w2 = random_packed(rng, "int4_w4a8", E, 2 * I, H), random_packed(rng, "int4_w4a8", E, H, I)
+w13, w2 = random_block(rng, "int4_w4a8", H, I, E)
 out = {}
 for M in Ms:
-    routing = Routing(rng, E, K)
     x = rng.standard_normal((M, H)).astype(np.float32)
-    pool = []
-    for _ in range(16):
-        ids = routing.next(M)
-        tw = rng.random(ids.shape).astype(np.float32)
-        pool.append((ids, tw / tw.sum(1, keepdims=True)))
+    pool = routing_pool(rng, E, K, M)
     calls = 400 if M == 1 else 30 if M <= 256 else 6
     for i in range(3):
         moe_cpu.fused_experts(x, w13, w2, pool[i][1], pool[i][0])

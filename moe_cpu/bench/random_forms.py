@@ -80,3 +80,8 @@ def random_codes(rng, scheme, E, N, K):
 def random_packed(rng, scheme, E, N, K):
     """Packed weights from random codes."""
     return random_codes(rng, scheme, E, N, K)()
+
+
+def random_block(rng, scheme, H, I, E):
+    """(w13, w2) of one MoE block of random codes: w13 ``[E, 2I, H]``, w2 ``[E, H, I]``."""
+    return random_packed(rng, scheme, E, 2 * I, H), random_packed(rng, scheme, E, H, I)

@@ -36,6 +36,17 @@ class Routing:
         return np.ascontiguousarray(ids, dtype=np.int32)
 
 
+def routing_pool(rng, E, k, M, n=16):
+    """n routings of M tokens, as ``(ids, weights)`` with weights that sum to 1 per token; at M = 1 they walk
+    Routing's permutation, so an expert comes back only every E / k routings."""
+    routing, pool = Routing(rng, E, k), []
+    for _ in range(n):
+        ids = routing.next(M)
+        tw = rng.random(ids.shape).astype(np.float32)
+        pool.append((ids, tw / tw.sum(1, keepdims=True)))
+    return pool
+
+
 def weight_bytes(w13, w2, ids):
     used = len(np.unique(ids))
     return used * (w13.nbytes + w2.nbytes) / w13.num_experts

@@ -103,21 +103,4 @@ struct IntNeonDot {
   };
 };
 
-// The int4 GEMM: codes through the codebook (TBL) when it is not the default identity coding; activation blocks
-// or not.
-template <int MR, int NJ, int ND, bool kBlk = false>
-void int4_neon_dot_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
-                        int64_t ldc) {
-  if (!kBlk && a.bscale) return int4_neon_dot_gemm<MR, NJ, ND, true>(w, e, b0, b1, a, c, ldc);
-  if (w.code_shuffle) drive<IntNeonDot<true, true, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
-  else drive<IntNeonDot<true, false, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
-}
-// The int8 GEMM, activation blocks or not.
-template <int MR, int NJ, int ND>
-void int8_neon_dot_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
-                        int64_t ldc) {
-  if (a.bscale) drive<IntNeonDot<false, false, true>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
-  else drive<IntNeonDot<false>::Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
-}
-
 MOE_ISA_END

@@ -40,6 +40,20 @@ void drive(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActR
   for (; b < b1; ++b) rows_of<Micro, MR, 1>(w, e, b, a, c + (b - b0) * 16, ldc);
 }
 
+// The A8 GEMMs of a kernel family Kern<kInt4, kTbl, kBlk> (the NEON dotprod and i8mm kernels): int4 codes through
+// the codebook (kTbl) when it is not the default identity coding, activation blocks (kBlk) when the rows carry them.
+template <template <bool, bool, bool> class Kern, int MR, int NJ, int ND, bool kBlk = false>
+void int4_forms_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  if (!kBlk && a.bscale) return int4_forms_gemm<Kern, MR, NJ, ND, true>(w, e, b0, b1, a, c, ldc);
+  if (w.code_shuffle) drive<Kern<true, true, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else drive<Kern<true, false, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+}
+template <template <bool, bool, bool> class Kern, int MR, int NJ, int ND>
+void int8_forms_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  if (a.bscale) drive<Kern<false, false, true>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  else drive<Kern<false, false, false>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+}
+
 // Software prefetch of the next column group's panels (blocks [b + nj, b + 2 nj)), spread over
 // the row tiles that read the current group: the tile of rows [r0, r0 + R) of `rows` walks its
 // share of the next group's bytes at up to N lines per k-step (N prefetches per step, no branch;

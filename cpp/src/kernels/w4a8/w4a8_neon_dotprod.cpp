@@ -10,6 +10,6 @@ namespace moe_cpu {
 
 extern const KernelDesc kernel_w4a8_neon_dotprod{
     "w4a8_neon_dotprod_4x16", Scheme::kInt4W4A8, "neon_dotprod", 4, 16, kFeatNeon | kFeatNeonDotprod, nullptr,
-    kernels::int4_neon_dot_gemm<4, 1, 2>};
+    kernels::int4_forms_gemm<kernels::IntNeonDot, 4, 1, 2>};
 
 }  // namespace moe_cpu

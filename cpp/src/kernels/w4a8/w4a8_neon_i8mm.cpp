@@ -10,6 +10,6 @@ namespace moe_cpu {
 
 extern const KernelDesc kernel_w4a8_neon_i8mm{
     "w4a8_neon_i8mm_4x16", Scheme::kInt4W4A8, "neon_i8mm", 4, 16, kFeatNeon | kFeatNeonI8mm, nullptr,
-    kernels::int4_neon_mmla_gemm<4, 1, 2>};
+    kernels::int4_forms_gemm<kernels::IntNeonMmla, 4, 1, 2>};
 
 }  // namespace moe_cpu

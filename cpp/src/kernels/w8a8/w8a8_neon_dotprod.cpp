@@ -10,6 +10,6 @@
 namespace moe_cpu {
 extern const KernelDesc kernel_w8a8_neon_dotprod{
     "w8a8_neon_dotprod_4x16", Scheme::kInt8W8A8, "neon_dotprod", 4, 16, kFeatNeon | kFeatNeonDotprod, kernels::int8_groups_fit<4>,
-    kernels::int8_neon_dot_gemm<4, 1, 2>};
+    kernels::int8_forms_gemm<kernels::IntNeonDot, 4, 1, 2>};
 
 }  // namespace moe_cpu

@@ -10,6 +10,6 @@
 namespace moe_cpu {
 extern const KernelDesc kernel_w8a8_neon_i8mm{
     "w8a8_neon_i8mm_4x16", Scheme::kInt8W8A8, "neon_i8mm", 4, 16, kFeatNeon | kFeatNeonI8mm, kernels::int8_groups_fit<8>,
-    kernels::int8_neon_mmla_gemm<4, 1, 2>};
+    kernels::int8_forms_gemm<kernels::IntNeonMmla, 4, 1, 2>};
 
 }  // namespace moe_cpu

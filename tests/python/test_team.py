@@ -74,6 +74,7 @@ def _child(conn, w13, w2, x, tw, ids):
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Python's own note on fork() in a threaded process
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # JAX's (imported by other tests), the same note
 def test_a_fork_child_still_computes(rng):
     """The parent's team threads do not exist in a fork() child: its first call makes a team of its own."""
     _, w13, _, w2 = make_moe(rng, SCHEME_CONFIGS["int8"], 6, 128, 96)

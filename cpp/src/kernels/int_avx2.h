@@ -39,7 +39,7 @@ enum class IntDot { kMaddubs, kVnniVex, kVnniEvex, kMaddwd16 };
 enum class Codes { kPlain, kTable, kSigned };
 
 // How far ahead a decode tile prefetches each (sequential) panel stream.
-constexpr int64_t kDecodePrefetchBytes = 2048;
+constexpr int64_t kDecodePrefetchBytes = 8192;
 
 // acc += dot4(u8, s8) per int32 lane, accumulator in place (as in int_avx512vnni.h).
 template <IntDot D>
@@ -176,7 +176,9 @@ struct IntAvx2 {
       const int zc = has_zeros ? 0 : kInt4 ? (C == Codes::kSigned ? 0 : w.code_zero) : (D != IntDot::kMaddubs ? 128 : 0);
       NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
       const ScaleIndex sx(w, e, b, G);
+      const GroupSidePrefetch side(w, forms, sx);
       for (int64_t gi = 0; gi < G; ++gi) {
+        if constexpr (MR == 1) side.at<NJ>(gi);
         const int64_t g0 = gi * gl / step, g1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
        for (int64_t pi = 0; pi < NP; ++pi) {
         const int64_t s0 = g0 + pi * ps, s1 = pi == NP - 1 ? g1 : s0 + ps, ai = gi * NP + pi;
@@ -248,6 +250,19 @@ struct IntAvx2 {
                 const __m256i b1 = _mm256_set1_epi32(a0);
                 _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) dpbusd_ymm<D>(acc[r][h], u[H + h], b1);
               }
+            }
+          } else if constexpr (kInt4 && C != Codes::kSigned && MR == 1) {
+            // decode: one half at a time (the int16 sums of all H halves, two broadcasts and one half's codes
+            // live; with every half's codes first, the sums spilled)
+            int32_t a0, a1;
+            std::memcpy(&a0, arow[0] + t * 8, 4);
+            std::memcpy(&a1, arow[0] + t * 8 + 4, 4);
+            const __m256i b0 = _mm256_set1_epi32(a0), b1 = _mm256_set1_epi32(a1);
+            _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
+              const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[h / 2] + t * 64 + (h % 2) * 32));
+              __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+              if constexpr (C == Codes::kTable) lo = _mm256_shuffle_epi8(table, lo), hi = _mm256_shuffle_epi8(table, hi);
+              a16[0][h] = _mm256_add_epi16(a16[0][h], _mm256_add_epi16(_mm256_maddubs_epi16(lo, b0), _mm256_maddubs_epi16(hi, b1)));
             }
           } else if constexpr (kInt4 && C != Codes::kSigned) {
             // vpmaddubsw into the int16 sums: all halves' codes first, then one row's two broadcasts at a

@@ -37,7 +37,7 @@ inline void dpbusd(__m512i& acc, __m512i u8, __m512i s8) {
 }
 
 // How far ahead each panel stream is prefetched (the streams are sequential).
-constexpr int64_t kPrefetchBytes = 16384;  // about one panel ahead, into L2
+constexpr int64_t kPrefetchBytes = 8192;  // into L2 (decode)
 
 // The same with the 4 activation bytes at p broadcast by the instruction's own load ({1to16}),
 // which needs no shuffle uop.
@@ -244,7 +244,9 @@ struct IntVnni {
       const ScaleIndex sx(w, e, b, G);
       alignas(64) float corr[kOff == Offset::kIntMins ? MR * NJ * 16 : 1];
       if constexpr (kOff == Offset::kIntMins) int_mins_term<MR, NJ>(w, e, b, a, r0, corr);
+      const GroupSidePrefetch side(w, forms, sx);
       for (int64_t gi = 0; gi < G; ++gi) {
+        if constexpr (MR == 1) side.at<NJ>(gi);
         const int64_t g0 = gi * gl / step, g1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
        for (int64_t pi = 0; pi < NP; ++pi) {
         const int64_t s0 = g0 + pi * ps, s1 = pi == NP - 1 ? g1 : s0 + ps, ai = gi * NP + pi;

@@ -1,8 +1,9 @@
 // tile_driver.h — walks a kernel's register tiles over (column blocks [b0, b1)) x (rows): column
 // groups of NJ blocks outside, row tiles of MR inside, so the weight panels stay in L1/L2 across
-// row tiles. With fewer than MR rows (decode) it takes ND blocks at a time per row, for more
-// memory-level parallelism. Micro<R, J>::run(w, e, b, a, r0, c, ldc) computes rows [r0, r0+R) x
-// blocks [b, b+J), writing c relative to block b.
+// row tiles. With one row (decode) it takes ND blocks at a time; the x86 int kernels take ND = 1: one
+// sequential stream per thread (4-8 panels at once, streams 6-32 KiB apart, made decode 15-30% slower).
+// Micro<R, J>::run(w, e, b, a, r0, c, ldc) computes rows [r0, r0+R) x blocks [b, b+J), writing c relative to
+// block b.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -34,7 +35,7 @@ void rows_of(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, flo
 template <template <int, int> class Micro, int MR, int NJ, int ND>
 void drive(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
   int64_t b = b0;
-  if (a.rows == 1)  // decode: more column panels at once for more memory-level parallelism
+  if (a.rows == 1)  // decode: ND column panels per tile
     for (; b + ND <= b1; b += ND) Micro<1, ND>::run(w, e, b, a, 0, c + (b - b0) * 16, ldc);
   for (; b + NJ <= b1; b += NJ) rows_of<Micro, MR, NJ>(w, e, b, a, c + (b - b0) * 16, ldc);
   for (; b < b1; ++b) rows_of<Micro, MR, 1>(w, e, b, a, c + (b - b0) * 16, ldc);
@@ -136,6 +137,32 @@ struct IntFormBlock {
   const float* dsc_at(int64_t j, int64_t gi) const { return dsc + (j * runs + gi / kIMinRun) * 16; }
   const int16_t* imn_pair(int64_t j, int64_t pair) const { return imn + (j * P2 + pair) * 32; }  // [16][2]
   const float* dmn_run(int64_t j, int64_t run) const { return dmn + (j * runs + run) * 16; }
+};
+
+// Decode's prefetch of each panel's scale-group side data (fp32 or integer-form scales, fp32 mins, zero points),
+// kSideAhead groups ahead of use (past the panel's last group: the next panel's, which decode reads next). Decode
+// prefetches the panels itself; without this, the scale loads of Q4_0 decode held a third of its kernel's samples.
+struct GroupSidePrefetch {
+  static constexpr int64_t kSideAhead = 16;
+  const IntFormBlock& f;
+  const ScaleIndex& sx;
+  const float* scales;
+  const float* mins;
+  const uint8_t* zeros;
+  GroupSidePrefetch(const PackedExperts& w, const IntFormBlock& f_, const ScaleIndex& sx_)
+      : f(f_), sx(sx_), scales(f_.isc ? nullptr : w.scales.as<float>()),
+        mins(w.has_mins && !w.imin_groups ? w.mins.as<float>() : nullptr), zeros(w.has_zeros ? w.zeros.data() : nullptr) {}
+  template <int NJ>
+  void at(int64_t gi) const {
+    const int64_t ga = gi + kSideAhead;
+    _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+      const int64_t si = sx(j, ga);
+      if (scales) __builtin_prefetch(scales + si, 0, 3);
+      else __builtin_prefetch(f.isc_at(j, ga), 0, 3), __builtin_prefetch(f.dsc_at(j, ga), 0, 3);
+      if (mins) __builtin_prefetch(mins + si, 0, 3);
+      if (zeros) __builtin_prefetch(zeros + si, 0, 3);
+    }
+  }
 };
 
 // Valid columns of block b (the last block of a matrix may be cut at N).

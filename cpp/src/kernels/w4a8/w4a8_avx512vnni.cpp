@@ -1,6 +1,6 @@
 // w4a8_avx512vnni.cpp — INT4 weights x per-row INT8 activations, AVX-512 VNNI.
 // Tile: 6 rows x 32 columns (12 zmm accumulators + 12 fp32 group sums, all in registers), K step 8 (two vpdpbusd per 64-byte panel row);
-// decode (one row) takes 64 columns at a time with software prefetch.
+// decode (one row) streams one 16-column panel at a time with software prefetch.
 // Packed weights: common/layout.h int4 panels (nibble u = q+8, raw with zero points, or a codebook
 // index: one vpshufb per 64 codes); optional group offsets (mins) cost one FMA per group, or as
 // integer mins (K-quants) one vpdpwssd per two groups and one FMA per run of 8.
@@ -15,7 +15,7 @@ namespace moe_cpu {
 
 extern const KernelDesc kernel_w4a8_avx512vnni{
     "w4a8_avx512vnni_6x32", Scheme::kInt4W4A8, "avx512vnni", 6, 32, kFeatAvx512 | kFeatAvx512Vnni,
-    nullptr, kernels::int4_vnni_gemm<6, 2, 8>, /*f32_acts=*/false, /*int_mins=*/true,
+    nullptr, kernels::int4_vnni_gemm<6, 2, 1>, /*f32_acts=*/false, /*int_mins=*/true,
     /*int_scales=*/true};
 
 }  // namespace moe_cpu

@@ -10,6 +10,6 @@
 
 namespace moe_cpu {
 extern const KernelDesc kernel_w8a8_avx2{"w8a8_avx2_4x16", Scheme::kInt8W8A8, "avx2", 4, 16, kFeatAvx2, kernels::int8_groups_fit<4>,
-                                         kernels::int8_avx2_gemm<kernels::IntDot::kMaddubs, 4, 1, 4>};
+                                         kernels::int8_avx2_gemm<kernels::IntDot::kMaddubs, 4, 1, 1>};
 
 }  // namespace moe_cpu

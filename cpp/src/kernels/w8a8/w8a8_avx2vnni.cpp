@@ -11,6 +11,6 @@ namespace moe_cpu {
 
 extern const KernelDesc kernel_w8a8_avx2vnni{
     "w8a8_avx2vnni_4x16", Scheme::kInt8W8A8, "avx2vnni", 4, 16, kFeatAvx2 | kFeatAvxVnni, kernels::int8_groups_fit<4>,
-    kernels::int8_avx2_gemm<kernels::IntDot::kVnniVex, 4, 1, 4>};
+    kernels::int8_avx2_gemm<kernels::IntDot::kVnniVex, 4, 1, 1>};
 
 }  // namespace moe_cpu

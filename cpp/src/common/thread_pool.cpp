@@ -36,8 +36,8 @@ namespace moe_cpu {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int64_t kCallerSpinUs = 50;
-constexpr int64_t kPauseUs = 20;  // an idle worker's poll with pause, before it polls with sched_yield  // the caller's poll for other threads' last tasks before it sleeps
+constexpr int64_t kCallerSpinUs = 50;  // the caller's poll for other threads' last tasks before it sleeps
+constexpr int64_t kPauseUs = 20;       // an idle worker's poll with pause, before it polls with sched_yield
 constexpr int kIdxBits = 40;
 constexpr uint64_t kIdxMask = (uint64_t(1) << kIdxBits) - 1, kEpochMask = (uint64_t(1) << (64 - kIdxBits)) - 1;
 

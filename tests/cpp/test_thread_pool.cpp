@@ -1,5 +1,6 @@
 // The compute team (common/thread_pool.h) through parallel_for: every index once, the first exception rethrown
-// after every task ran, nested loops inline, concurrent callers with teams of their own, team size changes.
+// after every task ran, nested loops inline, concurrent callers with teams of their own, team size changes; a
+// woken worker's move off its caller's CPU (leave_cpu).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,6 +9,11 @@
 #include <vector>
 
 #include "common/parallel.h"
+#include "common/thread_pool.h"
+
+#ifdef __linux__
+#include <sched.h>
+#endif
 #include "moe_cpu/threads.h"
 
 namespace moe_cpu {
@@ -70,6 +76,36 @@ TEST(ComputeTeam, ConcurrentCallersAndChangingSizes) {
   for (auto& t : callers) t.join();
   EXPECT_EQ(total.load(), int64_t(4) * 200 * (36 * 37 / 2));
 }
+
+#ifdef __linux__
+// On a thread running on CPU c0 and allowed on others, leave_cpu(c0) moves it off c0 and leaves its affinity as it
+// was; allowed on c0 alone, it stays.
+TEST(ComputeTeam, LeaveCpuMovesOffThatCpuAndKeepsTheAffinity) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+  int c0 = 0;
+  while (!CPU_ISSET(c0, &all)) ++c0;
+  int before = -1, after = -1;
+  bool same_mask = false;
+  std::thread t([&] {
+    cpu_set_t one, now;
+    CPU_ZERO(&one);
+    CPU_SET(c0, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0) return;
+    before = sched_getcpu();
+    sched_setaffinity(0, sizeof all, &all);  // allowed everywhere again, still on c0
+    leave_cpu(c0);
+    after = sched_getcpu();
+    sched_getaffinity(0, sizeof now, &now);
+    same_mask = CPU_EQUAL(&now, &all);
+  });
+  t.join();
+  ASSERT_EQ(before, c0);
+  EXPECT_TRUE(same_mask);
+  if (CPU_COUNT(&all) >= 2) EXPECT_NE(after, c0);
+  else EXPECT_EQ(after, c0);
+}
+#endif
 
 }  // namespace
 }  // namespace moe_cpu

@@ -14,6 +14,10 @@ namespace moe_cpu {
 // nested calls (from inside a task) run inline. Exceptions are fn's business (parallel_for catches them).
 void pool_run(int64_t n, int threads, void (*fn)(void*, int64_t), void* ctx);
 
+// If the calling thread runs on `cpu` and may run elsewhere, moves it to another of its allowed CPUs and allows
+// them all again (a woken worker that landed on its busy caller's CPU; thread_pool.cpp). Linux; elsewhere a no-op.
+void leave_cpu(int cpu);
+
 // pool_enabled() / pool_spin_us() / compute_team(): moe_cpu/threads.h.
 
 }  // namespace moe_cpu

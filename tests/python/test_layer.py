@@ -96,6 +96,33 @@ def test_from_float_each_scheme(rng, scheme):
     assert np.array_equal(ids, ref.select_experts_ref(layer.router_logits(x), 2, renormalize=True)[1])
 
 
+def lane_sum_logits(x, gate):
+    """The router's documented float32 order (kernels/router_dots.h), in NumPy: 16 lane sums over k (lane j takes
+    k = j mod 16, a product then a sum, each rounded), the tail zero-padded, then the tree 16 -> 8 -> 4 -> 2 -> 1."""
+    M, Hx = x.shape
+    pad = -Hx % 16
+    xp, gp = np.pad(x, ((0, 0), (0, pad))), np.pad(gate, ((0, 0), (0, pad)))
+    lanes = np.zeros((M, gate.shape[0], 16), np.float32)
+    for k in range(0, Hx + pad, 16):
+        lanes += xp[:, None, k:k + 16] * gp[None, :, k:k + 16]
+    for w in (8, 4, 2, 1):
+        lanes[..., :w] += lanes[..., w:2 * w]
+    return lanes[..., 0]
+
+
+@pytest.mark.parametrize("Hx", [128, 200])
+def test_router_logits_bits_are_the_lane_sum_order(rng, Hx):
+    # Every ISA word (portable, AVX2, AVX-512, NEON) gives these bits: this test runs at every level.
+    E = 24
+    gate = rng.standard_normal((E, Hx)).astype(np.float32)
+    w13 = moe_cpu.quantize_experts(float_weights(rng, E, 64, Hx), "bf16")
+    w2 = moe_cpu.quantize_experts(float_weights(rng, E, Hx, 32), "bf16")
+    layer = moe_cpu.MoELayer(gate, w13, w2, top_k=2)
+    for M in (1, 3, 7):
+        x = rng.standard_normal((M, Hx)).astype(np.float32)
+        assert np.array_equal(layer.router_logits(x), lane_sum_logits(x, gate))
+
+
 @pytest.mark.parametrize("scheme", ["int4_w4a8", "fp8_w8a16"])
 def test_deepseek_like_grouped_bias_scaling_shared(rng, scheme):
     layer = deepseek_like(rng, scheme)

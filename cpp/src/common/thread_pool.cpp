@@ -219,7 +219,7 @@ Pool& team_of(int workers) {
 // without that one, then all of them again.
 void leave_cpu(int cpu) {
 #ifdef __linux__
-  if (cpu < 0 || sched_getcpu() != cpu) return;
+  if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getcpu() != cpu) return;
   cpu_set_t all, other;
   if (sched_getaffinity(0, sizeof all, &all) != 0 || !CPU_ISSET(cpu, &all) || CPU_COUNT(&all) < 2) return;
   other = all;

@@ -11,6 +11,6 @@ namespace moe_cpu {
 
 extern const KernelDesc kernel_bf16_avx512bf16{
     "bf16_avx512bf16_4x64", Scheme::kBf16, "avx512bf16", 4, 64, kFeatAvx512 | kFeatAvx512Bf16,
-    nullptr, kernels::drive<kernels::FloatBf16<false>::Micro, 4, 4, 4>};
+    nullptr, kernels::drive<kernels::FloatBf16<false>::Micro, 4, 4, 1>};
 
 }  // namespace moe_cpu

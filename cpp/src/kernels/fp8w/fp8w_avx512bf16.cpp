@@ -11,6 +11,6 @@
 namespace moe_cpu {
 extern const KernelDesc kernel_fp8w_avx512bf16{
     "fp8w_avx512bf16_8x16", Scheme::kFp8W8A16, "avx512bf16", 8, 16, kFeatAvx512 | kFeatAvx512Bf16,
-    kernels::groups_aligned<2>, kernels::drive<kernels::FloatBf16<true>::Micro, 8, 1, 4>};
+    kernels::groups_aligned<2>, kernels::drive<kernels::FloatBf16<true>::Micro, 8, 1, 1>};
 
 }  // namespace moe_cpu

@@ -14,6 +14,6 @@
 namespace moe_cpu {
 extern const KernelDesc kernel_fp8w_avx512vbmi{
     "fp8w_avx512vbmi_6x32", Scheme::kFp8W8A16, "avx512vbmi", 6, 32, kFeatAvx512 | kFeatAvx512Bf16 | kFeatAvx512Vbmi,
-    kernels::groups_aligned<2>, kernels::drive<kernels::FloatBf16<true, true>::Micro, 6, 2, 4>};
+    kernels::groups_aligned<2>, kernels::drive<kernels::FloatBf16<true, true>::Micro, 6, 2, 1>};
 
 }  // namespace moe_cpu

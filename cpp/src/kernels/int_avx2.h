@@ -38,9 +38,6 @@ enum class IntDot { kMaddubs, kVnniVex, kVnniEvex, kMaddwd16 };
 // sign moved onto the activations (vpmaddubsw with code_table bytes > 31).
 enum class Codes { kPlain, kTable, kSigned };
 
-// How far ahead a decode tile prefetches each (sequential) panel stream.
-constexpr int64_t kDecodePrefetchBytes = 8192;
-
 // acc += dot4(u8, s8) per int32 lane, accumulator in place (as in int_avx512vnni.h).
 template <IntDot D>
 inline void dpbusd_ymm(__m256i& acc, __m256i u8, __m256i s8) {

@@ -36,9 +36,6 @@ inline void dpbusd(__m512i& acc, __m512i u8, __m512i s8) {
   asm("vpdpbusd %[s], %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u8), [s] "v"(s8));
 }
 
-// How far ahead each panel stream is prefetched (the streams are sequential).
-constexpr int64_t kPrefetchBytes = 8192;  // into L2 (decode)
-
 // The same with the 4 activation bytes at p broadcast by the instruction's own load ({1to16}),
 // which needs no shuffle uop.
 inline void dpbusd_bcast(__m512i& acc, __m512i u8, const int8_t* p) {
@@ -48,7 +45,7 @@ inline void dpbusd_bcast(__m512i& acc, __m512i u8, const int8_t* p) {
 // acc[j] += dot4(u8[j], the 4 bytes at p) for the NJ panels of one row. kShare (row tiles with
 // NJ >= 2): the bytes broadcast once into a register for every panel; the {1to16} form loads them
 // per vpdpbusd, and those loads bound the tile (13-18% at M = 1024 on Zen 5). Else {1to16}: decode
-// (one row, 8 panels) has no register to spare.
+// (one row, one panel) gains nothing from sharing.
 template <bool kShare, int NJ>
 inline __attribute__((always_inline)) void dpbusd_row(__m512i (&acc)[NJ], const __m512i (&u8)[NJ], const int8_t* p) {
   if constexpr (kShare) {
@@ -263,7 +260,7 @@ struct IntVnni {
         }
         const auto step_at = [&](int64_t t) __attribute__((always_inline)) {
           if constexpr (MR == 1)  // decode streams weights from DRAM; larger tiles reuse them from L2
-            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * 64 + kPrefetchBytes), _MM_HINT_T1);
+            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
           if constexpr (kInt4) {
             __m512i lo[NJ], hi[NJ];
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {

@@ -1,5 +1,5 @@
 // w4a16_avx512vnni.cpp — INT4 weights x per-row INT16 activations (int4_w4a16), AVX-512 VNNI (vpdpwssd).
-// Tile: 4 rows x 32 columns (two zmm per row), K step 8; decode 4 panels per row. The w4a8 kernel's
+// Tile: 4 rows x 32 columns (two zmm per row), K step 8; decode one panel at a time. The w4a8 kernel's
 // pipeline (kernels/int_avx512vnni.h) with each unsigned weight byte vector split into its even and odd
 // bytes as int16 against int16 activation pairs; int32 sums per piece of at most kA16Piece channels.
 // Every int4 form: codebooks, zero points, float mins, integer scales (integer mins: their float form).

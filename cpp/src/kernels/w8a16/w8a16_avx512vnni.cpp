@@ -1,5 +1,5 @@
 // w8a16_avx512vnni.cpp — INT8 weights x per-row INT16 activations (int8_w8a16), AVX-512 VNNI (vpdpwssd).
-// Tile: 4 rows x 32 columns, K step 4; decode 4 panels per row. The w8a8 kernel's pipeline
+// Tile: 4 rows x 32 columns, K step 4; decode one panel at a time. The w8a8 kernel's pipeline
 // (kernels/int_avx512vnni.h) with the weight bytes w+128 split into even and odd bytes as int16 against
 // int16 activation pairs; int32 sums per piece of at most kA16Piece channels.
 // Needs: AVX512F, AVX512BW, AVX512VNNI. Limits: any M, any N, groups aligned to the k-step.

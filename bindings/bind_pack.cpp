@@ -178,6 +178,9 @@ void bind_pack(py::module_& m) {
       .def_property_readonly("has_int_mins", [](const PackedExperts& p) { return p.imin_groups > 0; },
                              "True when the kernel holds the mins as dmin * int16 per run of 8 groups (K-quant mins, "
                              "AVX-512 VNNI kernels): exact, summed in int32 per run. unpack() gives the same floats.")
+      .def_property_readonly("has_half_scales", [](const PackedExperts& p) { return p.half_scales; },
+                             "True when the kernel holds the scales as fp16 (every scale exactly an fp16 value, as GGUF's Q4_0 / Q8_0 "
+                             "d; AVX2 kernels): exact, 2 bytes per group and column instead of 4. unpack() gives the same floats.")
       .def_property_readonly("has_int_scales", [](const PackedExperts& p) { return p.iscale_groups > 0; },
                              "True when the kernel holds the int4 group scales as d * int8 per run of 8 groups (K-quant and "
                              "IQ4_XS scales, AVX-512 VNNI kernel): exact, 1.5 bytes per group and column instead of 4. "

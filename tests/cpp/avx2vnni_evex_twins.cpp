@@ -12,10 +12,11 @@ constexpr uint64_t kTwinFeatures = kFeatAvx2 | kFeatAvx512 | kFeatAvx512Vnni;
 const KernelDesc kW4a8Avx2VnniEvexTwin{
     "w4a8_avx2vnni_4x16_evex_twin", Scheme::kInt4W4A8, "avx2vnni", 4, 16, kTwinFeatures, nullptr,
     kernels::int4_avx2_gemm<kernels::IntDot::kVnniEvex, 4, 1, 2>, /*f32_acts=*/false, /*int_mins=*/true,
-    /*int_scales=*/true};
+    /*int_scales=*/true, /*gathers_rows=*/nullptr, /*half_scales=*/true};
 const KernelDesc kW8a8Avx2VnniEvexTwin{
     "w8a8_avx2vnni_4x16_evex_twin", Scheme::kInt8W8A8, "avx2vnni", 4, 16, kTwinFeatures,
-    kernels::int8_groups_fit<4>, kernels::int8_avx2_gemm<kernels::IntDot::kVnniEvex, 4, 1, 2>};
+    kernels::int8_groups_fit<4>, kernels::int8_avx2_gemm<kernels::IntDot::kVnniEvex, 4, 1, 2>,
+    /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/false, /*gathers_rows=*/nullptr, /*half_scales=*/true};
 
 extern const KernelDesc* const kEvexTwins[2] = {&kW4a8Avx2VnniEvexTwin, &kW8a8Avx2VnniEvexTwin};
 

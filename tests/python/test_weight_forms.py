@@ -216,6 +216,58 @@ def test_kquant_scales_run_as_integers_on_x86(rng, tmp_path, form):
     check_layer_and_file(rng, tmp_path, (r13, p13), (r2, p2), k, form)
 
 
+def half_form_kernel(p):
+    """Whether p's kernel takes fp16 scales: the AVX2 and AVX-VNNI A8 int kernels."""
+    return kernel_isa(p.kernel) in ("avx2", "avx2vnni") and p.scheme in ("int4_w4a8", "int8_w8a8")
+
+
+def fp16_scaled(rng, form, E, N, K):
+    """(RefWeights, PackedExperts) with groups of 32 and fp16 scales, as GGUF's Q4_0 / Q8_0 hold them (signed and
+    zero scales, +-0, an fp16 subnormal); "_f32": one scale that is no fp16 value."""
+    G = K // 32
+    s = (rng.uniform(0.5, 1.5, (E, N, G)) / (8 * np.sqrt(K))).astype(np.float16)
+    s[0, :4, 0] = np.array([-0.0, 0.0, -s[0, 4, 0], np.float16(2.0 ** -20)], np.float16)
+    s = s.astype(np.float32)
+    if form.endswith("_f32"):
+        s[1, 2, 1] = np.nextafter(s[1, 2, 1], np.float32(1))
+    if form.startswith("q4_0"):
+        q = rng.integers(-8, 8, (E, N, K)).astype(np.int8)
+        return ref.RefWeights.int4(q, s, 32), moe_cpu.pack_int4(q, s, 32)
+    q = rng.integers(-127, 128, (E, N, K)).astype(np.int8)
+    return ref.RefWeights.int8(q, s, 32), moe_cpu.pack_int8(q, s, 32)
+
+
+@pytest.mark.parametrize("form", ["q4_0", "q8_0", "q4_0_f32", "q8_0_f32"])
+def test_fp16_scales_run_as_fp16_on_avx2(rng, tmp_path, form):
+    # Scales that are all fp16 values are held as fp16 on the kernels that read them (2 bytes per group and column
+    # instead of 4: Q4_0 at 4.5 bits a weight, as ggml); one scale that is no fp16 value keeps them fp32. Exact
+    # either way, against the reference and through a file (which holds fp32 scales).
+    E, k, H, I = 3, 2, 320, 64
+    r13, p13 = fp16_scaled(rng, form, E, 2 * I, H)
+    r2, p2 = fp16_scaled(rng, form, E, H, I)
+    half = half_form_kernel(p13) and not form.endswith("_f32")
+    assert (p13.has_half_scales, p2.has_half_scales) == (half, half)
+    bits = lambda a: np.ascontiguousarray(a, np.float32).view(np.uint32)
+    np.testing.assert_array_equal(bits(p13.unpack_quantized()["scales"]), bits(r13.scales))   # signed zeros too
+    codes = E * 2 * I * H // (2 if form.startswith("q4_0") else 1)
+    assert p13.nbytes == codes + E * 2 * I * (H // 32) * (2 if half else 4)
+    check_layer_and_file(rng, tmp_path, (r13, p13), (r2, p2), k, form)
+    back = moe_cpu.load_packed(tmp_path / "w.moe")
+    assert back.has_half_scales == half
+
+
+def test_every_fp16_scale_unpacks_as_numpy_widens_it():
+    # Every finite fp16 value as a scale (NumPy's float16 -> float32 is the oracle): held as fp16 where the
+    # kernel takes them, and unpacked to the same float32 bits.
+    h = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    h = h[np.isfinite(h)].reshape(1, 16, -1)
+    q = np.ones((1, 16, 32 * h.shape[2]), np.int8)
+    p = moe_cpu.pack_int8(q, h.astype(np.float32), 32)
+    assert p.has_half_scales == half_form_kernel(p)
+    got = p.unpack_quantized()["scales"]
+    np.testing.assert_array_equal(got.view(np.uint32), h.astype(np.float32).view(np.uint32))
+
+
 def test_int_float_pair_is_refused_by_name(rng):
     _, p13 = form_weights(rng, "q4k", 2, 64, 64)
     w2 = moe_cpu.quantize_experts(rng.standard_normal((2, 64, 32)).astype(np.float32), "bf16")

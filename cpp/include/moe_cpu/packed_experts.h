@@ -86,6 +86,10 @@ struct PackedExperts {
   // 1.5 bytes of scale per group and column instead of 4; `scales` is dropped (scale() recomputes them).
   AlignedBuffer iscales, dscales;
   int64_t iscale_groups = 0;  // 0: float scales, else kIMinRun
+  // fp16 scales (int schemes, for a kernel with KernelDesc::half_scales, when every scale is exactly an fp16 value,
+  // as GGUF's Q4_0 / Q8_0 / Q5_0 / IQ4_NL d are): `scales` holds fp16 codes in the same order, 2 bytes a group and
+  // column instead of 4 (Q4_0: 4.5 bits a weight, as ggml's blocks). derive_half_scales, int_forms.cpp.
+  bool half_scales = false;
   const KernelDesc* kernel = nullptr;
 
   Scheme run_scheme() const { return moe_cpu::run_scheme(scheme, a16); }  // what runs: the kernels' scheme
@@ -115,13 +119,14 @@ struct PackedExperts {
   }
   // Scale and min of (e, n, gi), from the integer forms where they replaced the floats (int_forms.cpp).
   float scale(int64_t e, int64_t n, int64_t gi) const {
-    return iscale_groups ? int_scale(e, n, gi) : scales.as<float>()[scale_index(e, n, gi)];
+    return iscale_groups ? int_scale(e, n, gi) : half_scales ? half_scale(scale_index(e, n, gi)) : scales.as<float>()[scale_index(e, n, gi)];
   }
   float min(int64_t e, int64_t n, int64_t gi) const {
     if (!has_mins) return 0.f;
     return imin_groups ? int_min(e, n, gi) : mins.as<float>()[scale_index(e, n, gi)];
   }
   float int_scale(int64_t e, int64_t n, int64_t gi) const;
+  float half_scale(int64_t i) const;  // scales[i] of fp16 scales
   float int_min(int64_t e, int64_t n, int64_t gi) const;
   int zero(int64_t e, int64_t n, int64_t gi) const;  // int schemes: stored, code_zero or 128
   // Raw stored codes of row (e, n): int4 u, int8 u = w + 128, fp8 code, bf16 bits (as uint16).

@@ -20,6 +20,26 @@ inline uint16_t float_to_bf16(float f) {
 }
 inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
+// IEEE fp16 (1 sign, 5 exponent with bias 15, 10 mantissa) to fp32: exact.
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  if (e == 0) return bits_to_float(sign | float_to_bits(std::ldexp(float(m), -24)));  // zero, subnormal
+  if (e == 31) return bits_to_float(sign | 0x7f800000u | (m << 13));
+  return bits_to_float(sign | ((e + 112) << 23) | (m << 13));
+}
+// The fp16 code of f when f is exactly a finite fp16 value (signed zeros too), else false.
+inline bool half_exact(float f, uint16_t* h) {
+  const uint32_t u = float_to_bits(f), sign = (u >> 16) & 0x8000, exp = (u >> 23) & 0xff;
+  const uint32_t man = (u & 0x7fffffu) | 0x800000u;
+  uint32_t code;
+  if ((u & 0x7fffffffu) == 0) code = sign;
+  else if (exp == 0xff || exp > 142 || exp < 103) return false;  // inf / NaN, above 65504, below 2^-24
+  else if (exp >= 113) code = sign | ((exp - 112) << 10) | ((man >> 13) & 0x3ff);
+  else code = sign | (man >> (126 - exp));  // subnormal: m * 2^-24
+  *h = uint16_t(code);
+  return float_to_bits(half_to_float(*h)) == u;
+}
+
 // e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa; no inf; S.1111.111 is NaN; max 448.
 inline float e4m3fn_to_float(uint8_t c) {
   const uint32_t sign = uint32_t(c & 0x80) << 24;

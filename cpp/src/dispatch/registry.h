@@ -66,6 +66,7 @@ struct KernelDesc {
   // Whether a call with this many rows copies the rows of a view whose row_idx are not consecutive (the
   // AMX kernels' A tiles; nullptr: never); the pipeline then gathers GEMM1's rows once per task.
   bool (*gathers_rows)(int64_t rows) = nullptr;
+  bool half_scales = false;  // int schemes: takes fp16 scales (PackedExperts::half_scales)
 };
 
 // Best registered kernel for `w` (scheme and shape set) under the active features; the

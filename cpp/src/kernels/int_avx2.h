@@ -48,13 +48,14 @@ inline void dpbusd_ymm(__m256i& acc, __m256i u8, __m256i s8) {
 }
 
 // The fp32 scale and min of (panel j, group gi, columns c8..c8+7), from where the weights hold them: a
-// column block's values built once for its row tiles (ActRows::blk_*, by int4_avx2_gemm), the integer
-// forms (isc * d, imin * dmin: the same floats), or the fp32 arrays (f32 + i).
+// column block's values built once for its row tiles (ActRows::blk_*, by int4_avx2_gemm), fp16 scales
+// (hsc + i, widened exactly), the integer forms (isc * d, imin * dmin: the same floats), or the fp32 arrays (f32 + i).
 struct IntForms : IntFormBlock {
   int64_t G;
   IntForms(const PackedExperts& w, int64_t e, int64_t b, int64_t G_) : IntFormBlock(w, e, b, G_), G(G_) {}
   __m256 scales(const float* blk, int64_t j, int64_t gi, int64_t c8, const float* f32, int64_t i) const {
     if (blk) return _mm256_load_ps(blk + (j * G + gi) * 16 + c8);
+    if (hsc) return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hsc + i)));
     if (isc)
       return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(isc_at(j, gi) + c8)))),
                            _mm256_load_ps(dsc_at(j, gi) + c8));

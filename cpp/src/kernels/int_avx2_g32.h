@@ -57,6 +57,7 @@ struct IntAvx2G32 {
       const uint8_t* panel = w.panel(e, b);
       const int64_t sbase = ScaleIndex(w, e, b, G).base;
       const float* sc = a.blk_scales ? a.blk_scales : w.scales.as<float>() + sbase;  // [G][16]
+      const uint16_t* hs = !a.blk_scales && w.half_scales ? w.scales.as<uint16_t>() + sbase : nullptr;  // or fp16
       const float* mn = !w.has_mins ? nullptr : a.blk_mins ? a.blk_mins : w.mins.as<float>() + sbase;
       const int8_t* arow[MR];
       const float* bsr[MR];
@@ -85,12 +86,14 @@ struct IntAvx2G32 {
         for (int64_t gi = 0; gi < G; ++gi) {
           pf.steps(kInt4 ? 4 : gl / 4);
           const uint8_t* pg = ph + gi * gbytes;
+          const __m256 sv = hs ? _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hs + gi * 16 + h * 8)))
+                               : _mm256_load_ps(sc + gi * 16 + h * 8);
           // One row's group: the exact int32 sums to the fp32 sum, as IntAvx2's epilogue.
           const auto finish = [&](int r, __m256i exact) __attribute__((always_inline)) {
             if (zc) exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(zs[r][gi]));
             __m256 x = _mm256_cvtepi32_ps(exact);
             if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_broadcast_ss(bsr[r] + gi));
-            acc[r] = _mm256_fmadd_ps(x, _mm256_load_ps(sc + gi * 16 + h * 8), acc[r]);
+            acc[r] = _mm256_fmadd_ps(x, sv, acc[r]);
             if (mn) acc[r] = _mm256_fnmadd_ps(_mm256_load_ps(mn + gi * 16 + h * 8), _mm256_broadcast_ss(asf[r] + gi), acc[r]);
           };
           if constexpr (kInt4 && C == Codes::kPlain) {

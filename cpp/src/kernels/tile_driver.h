@@ -120,9 +120,10 @@ struct ScaleIndex {
 };
 
 // The integer K-quant forms of column block (e, b), where p holds them (else nullptr): int8 scales with
-// an fp32 d per run, int16 min pairs with an fp32 dmin per run (layout: moe/int_forms.h). Panel j is
-// block b + j; with G known (ActRows::G), no division per tile.
+// an fp32 d per run, int16 min pairs with an fp32 dmin per run (layout: moe/int_forms.h); fp16 scales (hsc,
+// indexed as the fp32 ones: ScaleIndex). Panel j is block b + j; with G known (ActRows::G), no division per tile.
 struct IntFormBlock {
+  const uint16_t* hsc = nullptr;
   const int8_t* isc = nullptr;
   const float* dsc = nullptr;
   const int16_t* imn = nullptr;
@@ -130,6 +131,7 @@ struct IntFormBlock {
   int64_t runs, P2;  // runs of kIMinRun groups; pairs of groups (whole runs)
   IntFormBlock(const PackedExperts& w, int64_t e, int64_t b, int64_t G) : runs(int_form_runs(G)), P2(runs * (kIMinRun / 2)) {
     const int64_t eb = e * w.num_blocks() + b;
+    if (w.half_scales) hsc = w.scales.as<uint16_t>();
     if (w.iscale_groups) isc = w.iscales.as<int8_t>() + iscale_block(eb, runs), dsc = w.dscales.as<float>() + int_d_block(eb, runs);
     if (w.imin_groups) imn = w.imins.as<int16_t>() + imin_block(eb, P2), dmn = w.dmins.as<float>() + int_d_block(eb, runs);
   }
@@ -149,18 +151,19 @@ struct GroupSidePrefetch {
   static constexpr int64_t kSideAhead = 16;
   const IntFormBlock& f;
   const ScaleIndex& sx;
-  const float* scales;
+  const char* scales;  // fp32 or fp16 (scale_bytes each)
+  int64_t scale_bytes;
   const float* mins;
   const uint8_t* zeros;
   GroupSidePrefetch(const PackedExperts& w, const IntFormBlock& f_, const ScaleIndex& sx_)
-      : f(f_), sx(sx_), scales(f_.isc ? nullptr : w.scales.as<float>()),
+      : f(f_), sx(sx_), scales(f_.isc ? nullptr : w.scales.as<char>()), scale_bytes(w.half_scales ? 2 : 4),
         mins(w.has_mins && !w.imin_groups ? w.mins.as<float>() : nullptr), zeros(w.has_zeros ? w.zeros.data() : nullptr) {}
   template <int NJ>
   void at(int64_t gi) const {
     const int64_t ga = gi + kSideAhead;
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
       const int64_t si = sx(j, ga);
-      if (scales) __builtin_prefetch(scales + si, 0, 3);
+      if (scales) __builtin_prefetch(scales + si * scale_bytes, 0, 3);
       else __builtin_prefetch(f.isc_at(j, ga), 0, 3), __builtin_prefetch(f.dsc_at(j, ga), 0, 3);
       if (mins) __builtin_prefetch(mins + si, 0, 3);
       if (zeros) __builtin_prefetch(zeros + si, 0, 3);

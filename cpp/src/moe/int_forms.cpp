@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/numeric.h"
 #include "dispatch/registry.h"
 #include "moe_cpu/errors.h"
 
@@ -127,6 +128,24 @@ void derive_int_scales(PackedExperts& p) {
   p.scales = AlignedBuffer();
 }
 
+void derive_half_scales(PackedExperts& p) {
+  if (!is_int_scheme(p.scheme) || !p.kernel || !p.kernel->half_scales || p.half_scales || p.iscale_groups) return;
+  const int64_t n = int64_t(p.scales.size() / 4);
+  AlignedBuffer h(size_t(n) * 2);
+  const float* s = p.scales.as<float>();
+  uint16_t* d = h.as<uint16_t>();
+  std::atomic<bool> ok{true};
+  constexpr int64_t kChunk = 1 << 16;
+  parallel_for((n + kChunk - 1) / kChunk, [&](int64_t c) {
+    for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk) && ok.load(std::memory_order_relaxed); ++i)
+      if (!half_exact(s[i], d + i)) ok = false;
+  });
+  if (!ok) return;
+  p.scales = std::move(h), p.half_scales = true;
+}
+
+float PackedExperts::half_scale(int64_t i) const { return half_to_float(scales.as<uint16_t>()[i]); }
+
 float PackedExperts::int_scale(int64_t e, int64_t n, int64_t gi) const {
   return dscales.as<float>()[int_d_index(*this, e, n, gi / kIMinRun)] * float(iscales.as<int8_t>()[iscale_index(*this, e, n, gi)]);
 }
@@ -144,8 +163,10 @@ void set_kernel(PackedExperts& p, const KernelDesc* kd) {
   if (p.imin_groups && !kd->int_mins) p.mins = float_mins(p), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer(), p.imin_groups = 0;
   if (p.iscale_groups && !kd->int_scales)
     p.scales = float_scales(p), p.iscales = AlignedBuffer(), p.dscales = AlignedBuffer(), p.iscale_groups = 0;
+  if (p.half_scales && !kd->half_scales) p.scales = float_scales(p), p.half_scales = false;
   derive_int_mins(p);
   derive_int_scales(p);
+  derive_half_scales(p);
 }
 
 void set_a16(PackedExperts& p, bool a16) {

@@ -115,11 +115,12 @@ void save_packed(const PackedExperts& p, const std::string& path) {
   std::snprintf(h.kernel, sizeof h.kernel, "%s", p.kernel ? p.kernel->name : "");
   uint64_t off = align_up(kHeaderBytes);
   // Integer mins are a kernel's form: the file holds the float mins they stand for.
-  // Integer scales likewise.
+  // Integer and fp16 scales likewise.
+  const bool form_scales = p.iscale_groups || p.half_scales;
   const AlignedBuffer fmins = p.imin_groups ? float_mins(p) : AlignedBuffer();
-  const AlignedBuffer fscales = p.iscale_groups ? float_scales(p) : AlignedBuffer();
+  const AlignedBuffer fscales = form_scales ? float_scales(p) : AlignedBuffer();
   const auto buffer = [&](int i) -> const AlignedBuffer& {
-    return i == 3 && p.imin_groups ? fmins : i == 1 && p.iscale_groups ? fscales : section_buffer(p, i);
+    return i == 3 && p.imin_groups ? fmins : i == 1 && form_scales ? fscales : section_buffer(p, i);
   };
   for (int i = 0; i < int(kSections); ++i) {
     const AlignedBuffer& b = buffer(i);
@@ -219,6 +220,7 @@ PackedExperts load_packed(const std::string& path, bool use_mmap, bool verify) {
   p.kernel = select_kernel(p);
   derive_int_mins(p);
   derive_int_scales(p);
+  derive_half_scales(p);
   if (h.act_block32) {  // checked as packing checks it
     if (h.act_block32 > 8) throw ValueError(msg("'", path, "' has an invalid header (activation block ", 32 * int(h.act_block32), ")"));
     set_act_block(p, 32 * int64_t(h.act_block32));

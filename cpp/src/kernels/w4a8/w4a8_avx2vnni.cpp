@@ -14,6 +14,6 @@ namespace moe_cpu {
 extern const KernelDesc kernel_w4a8_avx2vnni{
     "w4a8_avx2vnni_4x16", Scheme::kInt4W4A8, "avx2vnni", 4, 16, kFeatAvx2 | kFeatAvxVnni, nullptr,
     kernels::int4_avx2_gemm<kernels::IntDot::kVnniVex, 4, 1, 1>, /*f32_acts=*/false, /*int_mins=*/true,
-    /*int_scales=*/true};
+    /*int_scales=*/true, /*gathers_rows=*/nullptr, /*half_scales=*/true};
 
 }  // namespace moe_cpu

@@ -217,11 +217,11 @@ def test_kquant_scales_run_as_integers_on_x86(rng, tmp_path, form):
 
 
 def half_form_kernel(p):
-    """Whether p's kernel takes fp16 scales: the AVX2 and AVX-VNNI A8 int kernels."""
-    return kernel_isa(p.kernel) in ("avx2", "avx2vnni") and p.scheme in ("int4_w4a8", "int8_w8a8")
+    """Whether p's kernel takes fp16 scales: the x86 int kernels but AMX's (AVX2, AVX-VNNI, AVX-512 VNNI)."""
+    return kernel_isa(p.kernel) in ("avx2", "avx2vnni", "avx512vnni")
 
 
-def fp16_scaled(rng, form, E, N, K):
+def fp16_scaled(rng, form, E, N, K, a16=False):
     """(RefWeights, PackedExperts) with groups of 32 and fp16 scales, as GGUF's Q4_0 / Q8_0 hold them (signed and
     zero scales, +-0, an fp16 subnormal); "_f32": one scale that is no fp16 value."""
     G = K // 32
@@ -231,20 +231,21 @@ def fp16_scaled(rng, form, E, N, K):
     if form.endswith("_f32"):
         s[1, 2, 1] = np.nextafter(s[1, 2, 1], np.float32(1))
     if form.startswith("q4_0"):
-        q = rng.integers(-8, 8, (E, N, K)).astype(np.int8)
-        return ref.RefWeights.int4(q, s, 32), moe_cpu.pack_int4(q, s, 32)
-    q = rng.integers(-127, 128, (E, N, K)).astype(np.int8)
-    return ref.RefWeights.int8(q, s, 32), moe_cpu.pack_int8(q, s, 32)
+        q, sch = rng.integers(-8, 8, (E, N, K)).astype(np.int8), "int4_w4a16" if a16 else "int4_w4a8"
+        return ref.RefWeights.int4(q, s, 32, scheme=sch), moe_cpu.pack_int4(q, s, 32, scheme=sch)
+    q, sch = rng.integers(-127, 128, (E, N, K)).astype(np.int8), "int8_w8a16" if a16 else "int8_w8a8"
+    return ref.RefWeights.int8(q, s, 32, scheme=sch), moe_cpu.pack_int8(q, s, 32, scheme=sch)
 
 
+@pytest.mark.parametrize("a16", [False, True])
 @pytest.mark.parametrize("form", ["q4_0", "q8_0", "q4_0_f32", "q8_0_f32"])
-def test_fp16_scales_run_as_fp16_on_avx2(rng, tmp_path, form):
+def test_fp16_scales_run_as_fp16_on_x86(rng, tmp_path, form, a16):
     # Scales that are all fp16 values are held as fp16 on the kernels that read them (2 bytes per group and column
     # instead of 4: Q4_0 at 4.5 bits a weight, as ggml); one scale that is no fp16 value keeps them fp32. Exact
     # either way, against the reference and through a file (which holds fp32 scales).
     E, k, H, I = 3, 2, 320, 64
-    r13, p13 = fp16_scaled(rng, form, E, 2 * I, H)
-    r2, p2 = fp16_scaled(rng, form, E, H, I)
+    r13, p13 = fp16_scaled(rng, form, E, 2 * I, H, a16)
+    r2, p2 = fp16_scaled(rng, form, E, H, I, a16)
     half = half_form_kernel(p13) and not form.endswith("_f32")
     assert (p13.has_half_scales, p2.has_half_scales) == (half, half)
     bits = lambda a: np.ascontiguousarray(a, np.float32).view(np.uint32)

@@ -289,6 +289,7 @@ struct IntVnni {
           const int64_t si = sx(j, gi);
           const __m512 sv =
               a.blk_scales ? _mm512_load_ps(a.blk_scales + (j * G + gi) * 16)
+              : forms.hsc          ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(forms.hsc + si)))
               : kInt4 && forms.isc ? int_scale16(forms, j, gi)
                                    : _mm512_load_ps(scales + si);
           if constexpr (kOff == Offset::kZeros) {

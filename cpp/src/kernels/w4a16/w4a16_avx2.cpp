@@ -12,6 +12,7 @@ namespace moe_cpu {
 
 extern const KernelDesc kernel_w4a16_avx2{"w4a16_avx2_4x16", Scheme::kInt4W4A16, "avx2", 4, 16, kFeatAvx2, nullptr,
                                           kernels::int4_avx2_gemm<kernels::IntDot::kMaddwd16, 4, 1, 1>,
-                                          /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/true};
+                                          /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/true,
+                                          /*gathers_rows=*/nullptr, /*half_scales=*/true};
 
 }  // namespace moe_cpu

@@ -13,6 +13,6 @@ namespace moe_cpu {
 extern const KernelDesc kernel_w4a16_avx512vnni{
     "w4a16_avx512vnni_4x32", Scheme::kInt4W4A16, "avx512vnni", 4, 32, kFeatAvx512 | kFeatAvx512Vnni,
     nullptr, kernels::int4_vnni_gemm<4, 2, 1, true>, /*f32_acts=*/false, /*int_mins=*/false,
-    /*int_scales=*/true};
+    /*int_scales=*/true, /*gathers_rows=*/nullptr, /*half_scales=*/true};
 
 }  // namespace moe_cpu

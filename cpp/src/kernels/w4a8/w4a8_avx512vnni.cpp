@@ -16,6 +16,6 @@ namespace moe_cpu {
 extern const KernelDesc kernel_w4a8_avx512vnni{
     "w4a8_avx512vnni_6x32", Scheme::kInt4W4A8, "avx512vnni", 6, 32, kFeatAvx512 | kFeatAvx512Vnni,
     nullptr, kernels::int4_vnni_gemm<6, 2, 1>, /*f32_acts=*/false, /*int_mins=*/true,
-    /*int_scales=*/true};
+    /*int_scales=*/true, /*gathers_rows=*/nullptr, /*half_scales=*/true};
 
 }  // namespace moe_cpu

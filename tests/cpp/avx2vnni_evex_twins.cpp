@@ -16,7 +16,7 @@ const KernelDesc kW4a8Avx2VnniEvexTwin{
 const KernelDesc kW8a8Avx2VnniEvexTwin{
     "w8a8_avx2vnni_4x16_evex_twin", Scheme::kInt8W8A8, "avx2vnni", 4, 16, kTwinFeatures,
     kernels::int8_groups_fit<4>, kernels::int8_avx2_gemm<kernels::IntDot::kVnniEvex, 4, 1, 2>,
-    /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/false, /*gathers_rows=*/nullptr, /*half_scales=*/true};
+    /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/true, /*gathers_rows=*/nullptr, /*half_scales=*/true};
 
 extern const KernelDesc* const kEvexTwins[2] = {&kW4a8Avx2VnniEvexTwin, &kW8a8Avx2VnniEvexTwin};
 

@@ -55,12 +55,14 @@ def form_weights(rng, form, E, N, K, a16=False):
         sch = "int4_w4a16" if a16 else "int4_w4a8"
         return (ref.RefWeights.int4(q, s, g, codebook=cb, mins=m, scheme=sch),
                 moe_cpu.pack_int4(q, s, g, codebook=cb, mins=m, scheme=sch))
-    g = 16 if form == "q6k" else 32
-    lo, hi = (-32, 31) if form == "q6k" else (0, 31)
+    g = 16 if form.startswith("q6k") else 32
+    lo, hi = (-32, 31) if form.startswith("q6k") else (0, 31)
     q = rng.integers(lo, hi + 1, (E, N, K)).astype(np.int8)
     s = (rng.uniform(0.5, 1.5, (E, N, K // g)) / (20 * np.sqrt(K))).astype(np.float32)
+    if form in ("q6k_ks", "q5k_ks"):   # Q6_K: d * int8 per 16, Q5_K: d * 6-bit per 32 (a d per run of 8 groups)
+        s = kquant_scales(rng, E, N, K // g, *((-128, 127) if form == "q6k_ks" else (0, 63)), K) * 32
     m = (s * rng.uniform(0, 31, s.shape)).astype(np.float32) if form == "q5k" else None
-    m = kquant_mins(rng, E, N, K // g) if form == "q5k_dmin" else m
+    m = kquant_mins(rng, E, N, K // g) if form in ("q5k_dmin", "q5k_ks") else m
     sch = "int8_w8a16" if a16 else "int8_w8a8"
     return ref.RefWeights.int8(q, s, g, mins=m, scheme=sch), moe_cpu.pack_int8(q, s, g, mins=m, scheme=sch)
 
@@ -192,27 +194,36 @@ def check_layer_and_file(rng, tmp_path, w13, w2, k, form):
     np.testing.assert_array_equal(moe_cpu.fused_experts(x, back, p2, tw, ids), out)
 
 
-@pytest.mark.parametrize("form", ["q4k_ks", "iq4xs", "q4k_dmin", "mxfp4"])
+def int_scale_kernel(p):
+    """Whether p's kernel takes integer scales: the x86 int kernels (AMX: int4 only)."""
+    isa = kernel_isa(p.kernel)
+    return isa in ("avx512vnni", "avx2", "avx2vnni") or (isa in ("amx", "amx_model") and p.scheme == "int4_w4a8")
+
+
+@pytest.mark.parametrize("form", ["q4k_ks", "iq4xs", "q4k_dmin", "mxfp4", "q6k_ks", "q5k_ks"])
 def test_kquant_scales_run_as_integers_on_x86(rng, tmp_path, form):
-    # 10 groups: a whole run of 8 and a short one. Scales that factor as d * int8 per run (Q4_K, IQ4_XS)
+    # 10 groups: a whole run of 8 and a short one. Scales that factor as d * int8 per run (Q4_K, IQ4_XS, Q6_K, Q5_K)
     # (and MXFP4 runs whose exponents span less than 2^7) go integer on the x86 int4 kernels and shrink
     # the weights; the others stay float. Exact either way.
     E, k, H, I = 3, 2, 320, 64
     r13, p13 = form_weights(rng, form, E, 2 * I, H)
     r2, p2 = form_weights(rng, "iq4xs" if form != "iq4xs" else "q4k_ks", E, H, I)
-    integer = form in ("q4k_ks", "iq4xs", "mxfp4") and int_form_kernel(p13)  # mxfp4: 2^e, e within 3
+    integer = form in ("q4k_ks", "iq4xs", "mxfp4", "q6k_ks", "q5k_ks") and int_scale_kernel(p13)  # mxfp4: 2^e, e within 3
     assert p13.has_int_scales == integer
     assert "has_int_scales" in dir(p13)
     bits = lambda a: np.ascontiguousarray(a, np.float32).view(np.uint32)
     np.testing.assert_array_equal(bits(p13.unpack_quantized()["scales"]), bits(r13.scales))   # signed zeros too
     if form == "iq4xs":
         assert (np.signbit(r13.scales) & (r13.scales == 0)).any() and ((r13.scales == 0) & ~np.signbit(r13.scales)).any()
-    if integer:   # an int8 per (column, group) and an fp32 d per run of 8 groups (10 groups: 2 runs, padded)
-        NB, runs = 2 * I // 16, 2
+    if integer:   # an int8 per (column, group) and an fp32 d per run of 8 groups (int4 / Q5_K: 10 groups, 2 runs, padded)
+        NB, G = 2 * I // 16, H // p13.group_size
+        runs = -(-G // 8)
+        code_bytes = E * NB * 16 * (H // 2 if p13.scheme == "int4_w4a8" else H)
         scale_bytes = E * NB * 16 * (runs * 8 * 1 + runs * 4)
         int_min_bytes = E * NB * 16 * (runs * 8 * 2 + runs * 4) if p13.has_int_mins else 0
-        assert p13.nbytes == E * NB * 16 * (H // 2) + scale_bytes + int_min_bytes
-        assert p13.nbytes - int_min_bytes < E * NB * 16 * (H // 2 + H // 32 * 4)   # codes and float scales
+        float_min_bytes = E * NB * 16 * G * 4 if p13.has_mins and not p13.has_int_mins else 0
+        assert p13.nbytes == code_bytes + scale_bytes + int_min_bytes + float_min_bytes
+        assert scale_bytes < E * NB * 16 * G * 4   # float scales
     check_layer_and_file(rng, tmp_path, (r13, p13), (r2, p2), k, form)
 
 

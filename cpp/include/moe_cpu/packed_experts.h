@@ -80,7 +80,7 @@ struct PackedExperts {
   // Layout and index arithmetic of both integer forms: cpp/src/moe/int_forms.h.
   AlignedBuffer imins, dmins;
   int64_t imin_groups = 0;  // 0: float mins, else kIMinRun
-  // Integer scales (int4, for a kernel with KernelDesc::int_scales, when they factor exactly): s = d * isc,
+  // Integer scales (int schemes, for a kernel with KernelDesc::int_scales, when they factor exactly): s = d * isc,
   // isc int8, one d per column and run of iscale_groups groups (K-quant and IQ4_XS super-blocks). The
   // kernel builds each group's float scale as isc * d in fp32 (the same float: exact), so decode reads
   // 1.5 bytes of scale per group and column instead of 4; `scales` is dropped (scale() recomputes them).

@@ -62,7 +62,7 @@ struct KernelDesc {
                int64_t ldc);
   bool f32_acts = false;  // bf16 / fp8: reads ActRows::f32 (broadcast fp32), not the bf16 bits
   bool int_mins = false;  // int schemes: takes PackedExperts' integer mins (and ActRows::asum16)
-  bool int_scales = false;  // int4: takes PackedExperts' integer scales
+  bool int_scales = false;  // int schemes: takes PackedExperts' integer scales
   // Whether a call with this many rows copies the rows of a view whose row_idx are not consecutive (the
   // AMX kernels' A tiles; nullptr: never); the pipeline then gathers GEMM1's rows once per task.
   bool (*gathers_rows)(int64_t rows) = nullptr;

@@ -56,8 +56,8 @@ struct IntAvx2G32 {
       const int64_t G = a.G;
       const uint8_t* panel = w.panel(e, b);
       const int64_t sbase = ScaleIndex(w, e, b, G).base;
-      const float* sc = a.blk_scales ? a.blk_scales : w.scales.as<float>() + sbase;  // [G][16]
-      const uint16_t* hs = !a.blk_scales && w.half_scales ? w.scales.as<uint16_t>() + sbase : nullptr;  // or fp16
+      const float* sc = w.scales.as<float>();
+      const IntForms forms(w, e, b, G);  // scales: a.blk_scales, fp16, integer or fp32, [G][16] from sbase
       const float* mn = !w.has_mins ? nullptr : a.blk_mins ? a.blk_mins : w.mins.as<float>() + sbase;
       const int8_t* arow[MR];
       const float* bsr[MR];
@@ -86,8 +86,7 @@ struct IntAvx2G32 {
         for (int64_t gi = 0; gi < G; ++gi) {
           pf.steps(kInt4 ? 4 : gl / 4);
           const uint8_t* pg = ph + gi * gbytes;
-          const __m256 sv = hs ? _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hs + gi * 16 + h * 8)))
-                               : _mm256_load_ps(sc + gi * 16 + h * 8);
+          const __m256 sv = forms.scales(a.blk_scales, 0, gi, h * 8, sc, sbase + gi * 16 + h * 8);
           // One row's group: the exact int32 sums to the fp32 sum, as IntAvx2's epilogue.
           const auto finish = [&](int r, __m256i exact) __attribute__((always_inline)) {
             if (zc) exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(zs[r][gi]));

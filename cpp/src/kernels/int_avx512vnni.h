@@ -290,7 +290,7 @@ struct IntVnni {
           const __m512 sv =
               a.blk_scales ? _mm512_load_ps(a.blk_scales + (j * G + gi) * 16)
               : forms.hsc          ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(forms.hsc + si)))
-              : kInt4 && forms.isc ? int_scale16(forms, j, gi)
+              : forms.isc          ? int_scale16(forms, j, gi)
                                    : _mm512_load_ps(scales + si);
           if constexpr (kOff == Offset::kZeros) {
             const __m512i zv = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(zeros + si)));
@@ -353,10 +353,10 @@ void int4_vnni_codes_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t
 
 // With integer scales, row tiles read each column group's fp32 scales from a scratch built once per group
 // (isc * d; built per tile they cost iq4_xs about 2% at M = 1024); decode builds them per group inline.
-template <int MR, int NJ, int ND, bool kA16 = false>
-void int4_vnni_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
-                    int64_t ldc) {
-  if (a.rows == 1 || !w.iscale_groups) return int4_vnni_codes_gemm<MR, NJ, ND, kA16>(w, e, b0, b1, a, c, ldc);
+// gemm(w, e, b, b + nj, rows with blk_scales, c, ldc) per group of NJ blocks.
+template <int NJ, class Gemm>
+void with_block_scales(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc,
+                       Gemm gemm) {
   const int64_t G = a.G;
   std::vector<float> buf(size_t(NJ * G * 16) + 16);
   float* blk = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
@@ -367,17 +367,25 @@ void int4_vnni_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
     const IntFormBlock forms(w, e, b, G);
     for (int64_t j = 0; j < nj; ++j)
       for (int64_t gi = 0; gi < G; ++gi) _mm512_store_ps(blk + (j * G + gi) * 16, int_scale16(forms, j, gi));
-    int4_vnni_codes_gemm<MR, NJ, ND, kA16>(w, e, b, b + nj, ab, c + (b - b0) * 16, ldc);
+    gemm(w, e, b, b + nj, ab, c + (b - b0) * 16, ldc);
   }
+}
+template <int MR, int NJ, int ND, bool kA16 = false>
+void int4_vnni_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                    int64_t ldc) {
+  if (a.rows == 1 || !w.iscale_groups) return int4_vnni_codes_gemm<MR, NJ, ND, kA16>(w, e, b0, b1, a, c, ldc);
+  with_block_scales<NJ>(w, e, b0, b1, a, c, ldc, int4_vnni_codes_gemm<MR, NJ, ND, kA16>);
 }
 
 // The int8 GEMM. With scale groups the tile is half as wide: MR x NJ int32 sums and as many fp32
 // group sums must both stay in the 32 zmm registers (6 x 4 + 6 x 4 would spill the fp32 ones).
+// Integer scales (Q6_K, Q5_K): row tiles as int4_vnni_gemm's.
 template <int MR, int NJ, int ND, bool kA16 = false>
 void int8_vnni_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                     int64_t ldc) {
-  if (w.num_groups() > 1) int_vnni_gemm_offset<false, false, MR, NJ / 2, ND, kA16>(w, e, b0, b1, a, c, ldc);
-  else int_vnni_gemm_offset<false, false, MR, NJ, ND, kA16>(w, e, b0, b1, a, c, ldc);
+  if (w.num_groups() == 1) return int_vnni_gemm_offset<false, false, MR, NJ, ND, kA16>(w, e, b0, b1, a, c, ldc);
+  if (a.rows == 1 || !w.iscale_groups) return int_vnni_gemm_offset<false, false, MR, NJ / 2, ND, kA16>(w, e, b0, b1, a, c, ldc);
+  with_block_scales<NJ / 2>(w, e, b0, b1, a, c, ldc, int_vnni_gemm_offset<false, false, MR, NJ / 2, ND, kA16>);
 }
 
 MOE_ISA_END

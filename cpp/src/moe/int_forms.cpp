@@ -109,7 +109,7 @@ void derive_int_mins(PackedExperts& p) {
 void derive_int_scales(PackedExperts& p) {
   constexpr int64_t S = kIMinRun;
   const int64_t NB = p.num_blocks();
-  if (p.scheme != Scheme::kInt4W4A8 || !p.kernel || !p.kernel->int_scales || p.iscale_groups || p.group_size <= 0 ||
+  if (!is_int_scheme(p.scheme) || !p.kernel || !p.kernel->int_scales || p.iscale_groups || p.group_size <= 0 ||
       p.num_groups() < 2)
     return;
   PackedExperts t = shape_of(p);  // the indexing of the integer form

@@ -210,6 +210,7 @@ PackedExperts pack_int8(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
   p.a16 = a16;
   p.kernel = select_kernel(p);
   derive_int_mins(p);
+  derive_int_scales(p);
   derive_half_scales(p);
   return p;
 }

@@ -10,8 +10,8 @@
 namespace moe_cpu {
 extern const KernelDesc kernel_w8a16_avx2{"w8a16_avx2_4x16", Scheme::kInt8W8A16, "avx2", 4, 16, kFeatAvx2,
                                           kernels::groups_aligned<4>,
-                                          kernels::drive<kernels::IntAvx2<false, kernels::IntDot::kMaddwd16>::Micro, 4, 1, 1>,
-                                          /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/false,
+                                          kernels::int8_avx2_gemm<kernels::IntDot::kMaddwd16, 4, 1, 1>,
+                                          /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/true,
                                           /*gathers_rows=*/nullptr, /*half_scales=*/true};
 
 }  // namespace moe_cpu

@@ -13,6 +13,6 @@ namespace moe_cpu {
 extern const KernelDesc kernel_w8a16_avx512vnni{
     "w8a16_avx512vnni_4x32", Scheme::kInt8W8A16, "avx512vnni", 4, 32, kFeatAvx512 | kFeatAvx512Vnni,
     kernels::groups_aligned<4>, kernels::int_vnni_gemm_offset<false, false, 4, 2, 1, true>, /*f32_acts=*/false,
-    /*int_mins=*/false, /*int_scales=*/false, /*gathers_rows=*/nullptr, /*half_scales=*/true};
+    /*int_mins=*/false, /*int_scales=*/true, /*gathers_rows=*/nullptr, /*half_scales=*/true};
 
 }  // namespace moe_cpu

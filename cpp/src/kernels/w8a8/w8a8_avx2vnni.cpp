@@ -12,6 +12,6 @@ namespace moe_cpu {
 extern const KernelDesc kernel_w8a8_avx2vnni{
     "w8a8_avx2vnni_4x16", Scheme::kInt8W8A8, "avx2vnni", 4, 16, kFeatAvx2 | kFeatAvxVnni, kernels::int8_groups_fit<4>,
     kernels::int8_avx2_gemm<kernels::IntDot::kVnniVex, 4, 1, 1>, /*f32_acts=*/false, /*int_mins=*/false,
-    /*int_scales=*/false, /*gathers_rows=*/nullptr, /*half_scales=*/true};
+    /*int_scales=*/true, /*gathers_rows=*/nullptr, /*half_scales=*/true};
 
 }  // namespace moe_cpu

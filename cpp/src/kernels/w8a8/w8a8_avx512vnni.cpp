@@ -12,6 +12,6 @@ namespace moe_cpu {
 extern const KernelDesc kernel_w8a8_avx512vnni{
     "w8a8_avx512vnni_6x64", Scheme::kInt8W8A8, "avx512vnni", 6, 64, kFeatAvx512 | kFeatAvx512Vnni,
     kernels::int8_groups_fit<4>, kernels::int8_vnni_gemm<6, 4, 1>, /*f32_acts=*/false, /*int_mins=*/true,
-    /*int_scales=*/false, /*gathers_rows=*/nullptr, /*half_scales=*/true};
+    /*int_scales=*/true, /*gathers_rows=*/nullptr, /*half_scales=*/true};
 
 }  // namespace moe_cpu

@@ -2,6 +2,7 @@
 // and the fused pipeline against a naive double-precision model of the numerics contract.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "moe_cpu/cpu_features.h"
 #include "moe_cpu/errors.h"
 #include "moe/activations.h"
+#include "moe/int_forms.h"
 #include "moe_cpu/fused_moe.h"
 #include "kernel_test_util.h"
 #include "test_util.h"
@@ -59,6 +61,8 @@ TEST_P(GemmKernelTest, MatchesDirectComputationOnOddShapes) {
       const bool zp = int4 && (c.group == 64 || c.group == 96);  // zero points in two of the cases
       auto q = zp ? test::ints(g, E * N * K, 0, 15) : int4 ? test::ints(g, E * N * K, -8, 7) : test::ints(g, E * N * K, -128, 127);
       auto s = test::gaussian(g, E * N * G);
+      if (c.group == 32)  // fp16 values, as GGUF's Q4_0 / Q8_0 d: the kernels that read fp16 scales take them
+        for (float& v : s) v = std::ldexp(std::nearbyint(std::ldexp(std::clamp(v, -3.9f, 3.9f), 9)), -9);
       auto z8 = test::ints(g, E * N * G, 0, 15);
       std::vector<uint8_t> z(z8.begin(), z8.end());
       p = int4 ? pack_int4(q.data(), E, N, K, s.data(), c.group, zp ? z.data() : nullptr, nullptr, nullptr, a16)
@@ -107,9 +111,10 @@ TEST_P(GemmKernelTest, MatchesDirectComputationOnOddShapes) {
         for (int64_t k = 0; k < K; ++k) acts.b[r * Kp + k] = ab[r * K + k];
       acts.widen();
     }
-    // Every kernel reads the same layout, so it runs on these weights whatever dispatch chose,
-    // unless the case is outside its limits.
+    // Every kernel reads the same layout, so it runs on these weights whatever dispatch chose, once the scales
+    // take the form it reads (set_kernel: fp16 or integer where they are exact), unless the case is outside its limits.
     if (kd->supports && !kd->supports(p)) continue;
+    set_kernel(p, kd);
     // Rows in reverse order through row_idx: GEMM row r reads buffer row R-1-r.
     acts.idx.resize(size_t(R));
     for (int64_t r = 0; r < R; ++r) acts.idx[r] = int32_t(R - 1 - r);
@@ -196,6 +201,7 @@ TEST_P(BatchInvarianceTest, RowBitsDoNotDependOnTheRowsBesideThem) {
       else if (weight_scheme(kd->scheme) == Scheme::kInt4W4A8) p = quantize_experts(wf.data(), E, N, K, kd->scheme, group, 128, 128);
       else p = quantize_experts(wf.data(), E, N, K, kd->scheme, -1, 128, 128);
       if (kd->supports && !kd->supports(p)) continue;
+      set_kernel(p, kd);
       Acts acts = random_acts(g, p, R);
       acts.idx.resize(size_t(R));
       for (int64_t r = 0; r < R; ++r) acts.idx[r] = int32_t((r * 5) % R);
@@ -235,6 +241,7 @@ TEST_P(IntExtremesTest, LargestSumsAreExact) {
     PackedExperts p = int4 ? pack_int4(q.data(), E, N, K, s.data(), group, nullptr, nullptr, nullptr, a16)
                            : pack_int8(q.data(), E, N, K, s.data(), group, nullptr, a16);
     if (kd->supports && !kd->supports(p)) continue;
+    set_kernel(p, kd);
     Acts acts;
     const int mul = a16 ? 258 : 1;  // 127 * 258 = 32766
     acts.a16_mul = mul;

@@ -409,10 +409,12 @@ void int4_avx2_codes_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t
 
 // With integer scales or mins, row tiles take each column block's fp32 values from a scratch built once
 // per block (per row tile they would cost as much as a quarter of a group's k-steps); decode builds them
-// inline. gemm(w, e, b, b + 1, rows with blk_*, c, ldc) per block.
-template <class Gemm>
-void with_block_forms(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc,
-                      Gemm gemm) {
+// inline.
+template <IntDot D, int MR, int NJ, int ND>
+void int4_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                    int64_t ldc) {
+  static_assert(NJ == 1, "one column block per row tile");
+  if (a.rows == 1 || !(w.iscale_groups || w.imin_groups)) return int4_avx2_codes_gemm<D, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
   const int64_t G = a.G;
   std::vector<float> buf(size_t(2 * G * 16) + 8);
   float* blk = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 31) & ~uintptr_t(31));
@@ -428,16 +430,8 @@ void with_block_forms(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1,
         _mm256_store_ps(blk + gi * 16 + c8, forms.scales(nullptr, 0, gi, c8, scales, sx(0, gi) + c8));
         if (w.has_mins) _mm256_store_ps(blk + (G + gi) * 16 + c8, forms.mins(nullptr, 0, gi, c8, mins, sx(0, gi) + c8));
       }
-    gemm(w, e, b, b + 1, ab, c + (b - b0) * 16, ldc);
+    int4_avx2_codes_gemm<D, MR, NJ, ND>(w, e, b, b + 1, ab, c + (b - b0) * 16, ldc);
   }
-}
-
-template <IntDot D, int MR, int NJ, int ND>
-void int4_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
-                    int64_t ldc) {
-  static_assert(NJ == 1, "one column block per row tile");
-  if (a.rows == 1 || !(w.iscale_groups || w.imin_groups)) return int4_avx2_codes_gemm<D, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
-  with_block_forms(w, e, b0, b1, a, c, ldc, int4_avx2_codes_gemm<D, MR, NJ, ND>);
 }
 
 // The int8 GEMM of dot D (A8: per token or with activation blocks, A16); groups of 16 or 32 in IntAvx2G32's row

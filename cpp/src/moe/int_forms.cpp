@@ -125,7 +125,7 @@ void derive_int_scales(PackedExperts& p) {
       });
   if (!ok) return;
   p.iscales = std::move(is), p.dscales = std::move(ds), p.iscale_groups = S;
-  p.scales = AlignedBuffer();
+  p.scales = AlignedBuffer(), p.half_scales = false;
 }
 
 void derive_half_scales(PackedExperts& p) {

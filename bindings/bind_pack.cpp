@@ -176,7 +176,7 @@ void bind_pack(py::module_& m) {
       .def_property_readonly("has_zeros", [](const PackedExperts& p) { return p.has_zeros; }, "True when int4 weights carry zero points.")
       .def_property_readonly("has_mins", [](const PackedExperts& p) { return p.has_mins; }, "True when int weights carry float group offsets (w = s * q - m).")
       .def_property_readonly("has_int_mins", [](const PackedExperts& p) { return p.imin_groups > 0; },
-                             "True when the kernel holds the mins as dmin * int16 per run of 8 groups (K-quant mins, "
+                             "True when the kernel holds the mins as dmin * int8 per run of 8 groups (K-quant mins, "
                              "AVX-512 VNNI kernels): exact, summed in int32 per run. unpack() gives the same floats.")
       .def_property_readonly("has_half_scales", [](const PackedExperts& p) { return p.half_scales; },
                              "True when the kernel holds the scales as fp16 (every scale exactly an fp16 value, as GGUF's Q4_0 / Q8_0 "

@@ -220,7 +220,7 @@ def test_kquant_scales_run_as_integers_on_x86(rng, tmp_path, form):
         runs = -(-G // 8)
         code_bytes = E * NB * 16 * (H // 2 if p13.scheme == "int4_w4a8" else H)
         scale_bytes = E * NB * 16 * (runs * 8 * 1 + runs * 4)
-        int_min_bytes = E * NB * 16 * (runs * 8 * 2 + runs * 4) if p13.has_int_mins else 0
+        int_min_bytes = E * NB * 16 * (runs * 8 * 1 + runs * 4) if p13.has_int_mins else 0   # int8 imins, fp32 dmin
         float_min_bytes = E * NB * 16 * G * 4 if p13.has_mins and not p13.has_int_mins else 0
         assert p13.nbytes == code_bytes + scale_bytes + int_min_bytes + float_min_bytes
         assert scale_bytes < E * NB * 16 * G * 4   # float scales

@@ -51,7 +51,7 @@ inline void int_mins_row(const PackedExperts& w, int64_t e, int64_t b, int64_t n
         for (int64_t s = 0; s < f.runs; ++s) {
           float acc = 0.f;
           for (int64_t p = s * (kIMinRun / 2); p < std::min((a.G + 1) / 2, (s + 1) * (kIMinRun / 2)); ++p) {
-            const int16_t* m = f.imn_pair(j, p) + 2 * n;
+            const int8_t* m = f.imn_pair(j, p) + 2 * n;
             acc = std::fma(float(m[0]), af[2 * p], acc);
             acc = std::fma(float(m[1]), 2 * p + 1 < a.G ? af[2 * p + 1] : 0.f, acc);
           }
@@ -68,7 +68,7 @@ inline void int_mins_row(const PackedExperts& w, int64_t e, int64_t b, int64_t n
       for (int64_t s = 0; s < f.runs; ++s) {
         uint32_t acc = 0;
         for (int64_t q = 0; q < kIMinRun / 2; ++q) {
-          const int16_t* m = f.imn_pair(j, s * (kIMinRun / 2) + q) + 2 * n;
+          const int8_t* m = f.imn_pair(j, s * (kIMinRun / 2) + q) + 2 * n;
           const int64_t p = 2 * (s * (kIMinRun / 2) + q);
           acc += uint32_t(int32_t(m[0]) * as[p] + int32_t(m[1]) * as[p + 1]);
         }

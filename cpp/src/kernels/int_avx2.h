@@ -47,6 +47,9 @@ inline void dpbusd_ymm(__m256i& acc, __m256i u8, __m256i s8) {
     asm("vpdpbusd %[s], %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u8), [s] "v"(s8));
 }
 
+// 8 columns' int8 imin pairs at m as int16 pairs in 8 int32 lanes.
+inline __m256i imin_pair8(const int8_t* m) { return _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(m))); }
+
 // The fp32 scale and min of (panel j, group gi, columns c8..c8+7), from where the weights hold them: a
 // column block's values built once for its row tiles (ActRows::blk_*, by int4_avx2_gemm), fp16 scales
 // (hsc + i, widened exactly), the integer forms (isc * d, imin * dmin: the same floats), or the fp32 arrays (f32 + i).
@@ -64,7 +67,7 @@ struct IntForms : IntFormBlock {
   __m256 mins(const float* blk, int64_t j, int64_t gi, int64_t c8, const float* f32, int64_t i) const {
     if (blk) return _mm256_load_ps(blk + (j * G + gi) * 16 + c8);
     if (imn) {  // the pair (gi even, gi odd) of 8 columns: int16 halves of 8 int32 lanes
-      const __m256i pr = _mm256_load_si256(reinterpret_cast<const __m256i*>(imn_pair(j, gi / 2) + 2 * c8));
+      const __m256i pr = imin_pair8(imn_pair(j, gi / 2) + 2 * c8);
       const __m256i im = gi % 2 ? _mm256_srai_epi32(pr, 16) : _mm256_srai_epi32(_mm256_slli_epi32(pr, 16), 16);
       return _mm256_mul_ps(_mm256_cvtepi32_ps(im), _mm256_load_ps(dmn_run(j, gi / kIMinRun) + c8));
     }
@@ -86,7 +89,7 @@ void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, const float* bs
       for (int64_t s = 0; s < f.runs; ++s) {
         __m256 acc = _mm256_setzero_ps();
         for (int64_t p = s * (kIMinRun / 2); p < std::min(pairs, (s + 1) * (kIMinRun / 2)); ++p) {
-          const __m256i pr = _mm256_load_si256(reinterpret_cast<const __m256i*>(f.imn_pair(j, p) + 2 * c8));
+          const __m256i pr = imin_pair8(f.imn_pair(j, p) + 2 * c8);
           const __m256 ev = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(pr, 16), 16));
           const __m256 od = _mm256_cvtepi32_ps(_mm256_srai_epi32(pr, 16));
           acc = _mm256_fmadd_ps(ev, _mm256_set1_ps(af[2 * p]), acc);
@@ -107,7 +110,7 @@ void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, const float* bs
         const int64_t p = s * (kIMinRun / 2) + q;
         int32_t pair;
         std::memcpy(&pair, asum16 + 2 * p, 4);
-        const __m256i pr = _mm256_load_si256(reinterpret_cast<const __m256i*>(f.imn_pair(j, p) + 2 * c8));
+        const __m256i pr = imin_pair8(f.imn_pair(j, p) + 2 * c8);
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pr, _mm256_set1_epi32(pair)));
       }
       __m256 x = _mm256_cvtepi32_ps(acc);

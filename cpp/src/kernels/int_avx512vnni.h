@@ -120,7 +120,7 @@ __attribute__((noinline)) void int_mins_term_f32(const PackedExperts& w, int64_t
     for (int64_t p = s * S2; p < std::min(pairs, (s + 1) * S2); ++p) {
       __m512 ev[NJ], od[NJ];  // the pair's even and odd groups' imins of 16 columns
       _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-        const __m512i mv = _mm512_load_si512(f.imn_pair(j, p));
+        const __m512i mv = _mm512_cvtepi8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(f.imn_pair(j, p))));
         ev[j] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(mv, 16), 16));
         od[j] = _mm512_cvtepi32_ps(_mm512_srai_epi32(mv, 16));
       }
@@ -154,7 +154,7 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
   // Panels inner: each row's code-sum pair is broadcast once into a register for the NJ panels
   // (as in dpbusd_row).
   const IntFormBlock f(w, e, b, a.G);
-  const int16_t* im = f.imn;  // panel j at + j * P2 * 32
+  const int8_t* im = f.imn;  // panel j at + j * P2 * 32
   const float* dm = f.dmn;    // panel j at + j * runs * 16
   __m512 sum[MR][NJ];
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
@@ -166,7 +166,8 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
     _Pragma("GCC unroll 4") for (int q = 0; q < S2; ++q) {  // a compile-time count: fully unrolled
       const int64_t p = s * S2 + q;
       __m512i mv[NJ];
-      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) mv[j] = _mm512_load_si512(im + (j * P2 + p) * 32);
+      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j)
+        mv[j] = _mm512_cvtepi8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(im + (j * P2 + p) * 32)));
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
         int32_t pair;
         std::memcpy(&pair, as[r] + 2 * p, 4);

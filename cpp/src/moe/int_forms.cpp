@@ -88,18 +88,18 @@ void derive_int_mins(PackedExperts& p) {
   const int64_t gl = p.group_len(), NB = p.num_blocks();
   // (with activation blocks too: a block per run scales the run's int32 sum, shorter blocks meet the ints in fp32)
   if (!p.has_mins || !p.kernel || !p.kernel->int_mins || p.imin_groups || gl * 127 > 32767) return;
-  // int16 code sums (|sum| <= 127 gl) and an int32 sum of S products per run
-  const int32_t mmax = int32_t(std::min<int64_t>(32767, (int64_t(1) << 31) / (S * 127 * gl) - 1));
+  // int8 mins (K-quants' are 6-bit), int16 code sums (|sum| <= 127 gl) and an int32 sum of S products per run
+  const int32_t mmax = int32_t(std::min<int64_t>(127, (int64_t(1) << 31) / (S * 127 * gl) - 1));
   PackedExperts t = shape_of(p);  // the indexing of the integer form
   t.imin_groups = S;
-  AlignedBuffer im(size_t(p.num_experts * NB * imin_pairs(t) * 32) * 2), dm(size_t(p.num_experts * NB * int_form_runs(t.num_groups()) * 16) * 4);
+  AlignedBuffer im(size_t(p.num_experts * NB * imin_pairs(t) * 32)), dm(size_t(p.num_experts * NB * int_form_runs(t.num_groups()) * 16) * 4);
   std::memset(im.data(), 0, im.size());
   std::memset(dm.data(), 0, dm.size());
-  const bool ok = factor_runs<int16_t>(
+  const bool ok = factor_runs<int8_t>(
       p, -mmax, mmax, 64, [&](int64_t e, int64_t n, int64_t gi) { return p.min(e, n, gi); },
-      [&](int64_t e, int64_t n, int64_t r, float d, const int16_t* m, int cnt) {
+      [&](int64_t e, int64_t n, int64_t r, float d, const int8_t* m, int cnt) {
         dm.as<float>()[int_d_index(t, e, n, r)] = d;
-        for (int j = 0; j < cnt; ++j) im.as<int16_t>()[imin_index(t, e, n, r * S + j)] = m[j];
+        for (int j = 0; j < cnt; ++j) im.as<int8_t>()[imin_index(t, e, n, r * S + j)] = m[j];
       });
   if (!ok) return;
   p.imins = std::move(im), p.dmins = std::move(dm), p.imin_groups = S;
@@ -151,7 +151,7 @@ float PackedExperts::int_scale(int64_t e, int64_t n, int64_t gi) const {
 }
 
 float PackedExperts::int_min(int64_t e, int64_t n, int64_t gi) const {
-  return dmins.as<float>()[int_d_index(*this, e, n, gi / kIMinRun)] * float(imins.as<int16_t>()[imin_index(*this, e, n, gi)]);
+  return dmins.as<float>()[int_d_index(*this, e, n, gi / kIMinRun)] * float(imins.as<int8_t>()[imin_index(*this, e, n, gi)]);
 }
 
 AlignedBuffer float_scales(const PackedExperts& p) {

@@ -176,14 +176,14 @@ void bind_pack(py::module_& m) {
       .def_property_readonly("has_zeros", [](const PackedExperts& p) { return p.has_zeros; }, "True when int4 weights carry zero points.")
       .def_property_readonly("has_mins", [](const PackedExperts& p) { return p.has_mins; }, "True when int weights carry float group offsets (w = s * q - m).")
       .def_property_readonly("has_int_mins", [](const PackedExperts& p) { return p.imin_groups > 0; },
-                             "True when the kernel holds the mins as dmin * int8 per run of 8 groups (K-quant mins, "
-                             "AVX-512 VNNI kernels): exact, summed in int32 per run. unpack() gives the same floats.")
+                             "True when the kernel holds the mins as dmin * int8 per run of 8 groups (K-quant mins; x86 int4 "
+                             "kernels, int8 on AVX-512 VNNI and AMX): exact, summed in int32 per run. unpack() gives the same floats.")
       .def_property_readonly("has_half_scales", [](const PackedExperts& p) { return p.half_scales; },
                              "True when the kernel holds the scales as fp16 (every scale exactly an fp16 value, as GGUF's Q4_0 / Q8_0 "
-                             "d; AVX2 kernels): exact, 2 bytes per group and column instead of 4. unpack() gives the same floats.")
+                             "d; the x86 int kernels but AMX's): exact, 2 bytes per group and column instead of 4. unpack() gives the same floats.")
       .def_property_readonly("has_int_scales", [](const PackedExperts& p) { return p.iscale_groups > 0; },
-                             "True when the kernel holds the int4 group scales as d * int8 per run of 8 groups (K-quant and "
-                             "IQ4_XS scales, AVX-512 VNNI kernel): exact, 1.5 bytes per group and column instead of 4. "
+                             "True when the kernel holds the group scales as d * int8 per run of 8 groups (K-quant and "
+                             "IQ4_XS scales; the x86 int kernels, AMX int4): exact, 1.5 bytes per group and column instead of 4. "
                              "unpack() gives the same floats.")
       .def_property_readonly("act_block", [](const PackedExperts& p) -> py::object {
         if (!p.act_block) return py::none();

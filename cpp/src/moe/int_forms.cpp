@@ -83,7 +83,8 @@ PackedExperts shape_of(const PackedExperts& p) {
 
 }  // namespace
 
-void derive_int_mins(PackedExperts& p) {
+// Builds the integer mins when p.kernel takes them and every run of 8 groups factors exactly (a no-op otherwise).
+static void derive_int_mins(PackedExperts& p) {
   constexpr int64_t S = kIMinRun;
   const int64_t gl = p.group_len(), NB = p.num_blocks();
   // (with activation blocks too: a block per run scales the run's int32 sum, shorter blocks meet the ints in fp32)
@@ -106,7 +107,9 @@ void derive_int_mins(PackedExperts& p) {
   p.mins = AlignedBuffer();
 }
 
-void derive_int_scales(PackedExperts& p) {
+// Builds the integer scales when p.kernel takes them (int groups) and every run of 8 groups factors exactly as
+// d * int8 (a no-op otherwise).
+static void derive_int_scales(PackedExperts& p) {
   constexpr int64_t S = kIMinRun;
   const int64_t NB = p.num_blocks();
   if (!is_int_scheme(p.scheme) || !p.kernel || !p.kernel->int_scales || p.iscale_groups || p.group_size <= 0 ||
@@ -128,7 +131,9 @@ void derive_int_scales(PackedExperts& p) {
   p.scales = AlignedBuffer(), p.half_scales = false;
 }
 
-void derive_half_scales(PackedExperts& p) {
+// Stores the scales as fp16 when p.kernel takes them, they are not integer, and every one is exactly an fp16 value
+// (a no-op otherwise).
+static void derive_half_scales(PackedExperts& p) {
   if (!is_int_scheme(p.scheme) || !p.kernel || !p.kernel->half_scales || p.half_scales || p.iscale_groups) return;
   const int64_t n = int64_t(p.scales.size() / 4);
   AlignedBuffer h(size_t(n) * 2);

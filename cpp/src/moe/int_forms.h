@@ -54,20 +54,13 @@ AlignedBuffer blocked(const PackedExperts& p, F&& src) {
   return b;
 }
 
-// Builds the integer mins when p.kernel takes them and every run of 8 groups factors exactly
-// (a no-op otherwise). Called by the packers and load_packed once the kernel is chosen.
-void derive_int_mins(PackedExperts& p);
 // The float mins in the scales' blocked order (from the integer form when the float ones were dropped).
 AlignedBuffer float_mins(const PackedExperts& p);
-// Builds the integer scales when p.kernel takes them (int4 groups) and every run of 8 groups factors
-// exactly as d * int8 (a no-op otherwise). Called with derive_int_mins.
-void derive_int_scales(PackedExperts& p);
-// Stores the scales as fp16 when p.kernel takes them, they are not integer, and every one is exactly an fp16 value
-// (a no-op otherwise). Called with derive_int_scales, after it.
-void derive_half_scales(PackedExperts& p);
 // The float scales in their blocked order (from the integer or fp16 form when the float ones were dropped).
 AlignedBuffer float_scales(const PackedExperts& p);
-// Runs p with kernel kd from now on: scales and mins take the form kd reads (tests run every kernel).
+// Runs p with kernel kd from now on: scales and mins take the form kd reads (tests run every kernel), back to fp32
+// where kd does not read a form p holds, then derived: integer mins, integer scales, else fp16 scales (each only
+// where exact). The packers and load_packed call it with the kernel they choose.
 void set_kernel(PackedExperts& p, const KernelDesc* kd);
 
 }  // namespace moe_cpu

@@ -190,10 +190,7 @@ PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
                             : raw ? "[0, 15] (4-bit codebook indices)" : "[-8, 7] (signed int4)"));
   }
   p.a16 = a16;
-  p.kernel = select_kernel(p);
-  derive_int_mins(p);
-  derive_int_scales(p);
-  derive_half_scales(p);
+  set_kernel(p, select_kernel(p));  // and the scale / min forms it reads
   return p;
 }
 
@@ -208,10 +205,7 @@ PackedExperts pack_int8(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
   set_mins(p, mins);
   fill_panels<uint32_t>(p, q, 1, 0x80808080u);
   p.a16 = a16;
-  p.kernel = select_kernel(p);
-  derive_int_mins(p);
-  derive_int_scales(p);
-  derive_half_scales(p);
+  set_kernel(p, select_kernel(p));  // and the scale / min forms it reads
   return p;
 }
 

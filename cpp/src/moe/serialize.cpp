@@ -217,10 +217,7 @@ PackedExperts load_packed(const std::string& path, bool use_mmap, bool verify) {
     const AlignedBuffer perm = std::move(p.k_perm);
     set_k_perm(p, perm.as<int32_t>());
   }
-  p.kernel = select_kernel(p);
-  derive_int_mins(p);
-  derive_int_scales(p);
-  derive_half_scales(p);
+  set_kernel(p, select_kernel(p));  // and the scale / min forms it reads
   if (h.act_block32) {  // checked as packing checks it
     if (h.act_block32 > 8) throw ValueError(msg("'", path, "' has an invalid header (activation block ", 32 * int(h.act_block32), ")"));
     set_act_block(p, 32 * int64_t(h.act_block32));

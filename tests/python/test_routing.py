@@ -21,8 +21,8 @@ def check_route(logits, top_k, **kw):
 
 
 # ---------------------------------------------------------------- vs reference, every mode
-@pytest.mark.parametrize("renormalize,scoring,bias,factor", itertools.product(
-    [False, True], ["softmax", "sigmoid"], [False, True], [1.0, 2.5]))
+@pytest.mark.parametrize("renormalize,scoring,bias,factor", list(itertools.product(
+    [False, True], ["softmax", "sigmoid"], [False, True], [1.0, 2.5])))
 def test_not_grouped(rng, renormalize, scoring, bias, factor):
     M, E, k = 37, 16, 4
     logits = (rng.standard_normal((M, E)) * 2).astype(np.float32)
@@ -31,8 +31,8 @@ def test_not_grouped(rng, renormalize, scoring, bias, factor):
                 routed_scaling_factor=factor)
 
 
-@pytest.mark.parametrize("renormalize,scoring,bias", itertools.product(
-    [False, True], ["softmax", "sigmoid"], [False, True]))
+@pytest.mark.parametrize("renormalize,scoring,bias", list(itertools.product(
+    [False, True], ["softmax", "sigmoid"], [False, True])))
 @pytest.mark.parametrize("E,G,topk_group,k", [(16, 4, 2, 4), (32, 8, 3, 6), (16, 8, 4, 2), (12, 3, 1, 4)])
 def test_grouped(rng, renormalize, scoring, bias, E, G, topk_group, k):
     M = 29

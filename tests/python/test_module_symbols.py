@@ -1,11 +1,13 @@
-"""The extension module keeps the symbols of its static archives to itself (CMakeLists.txt: --exclude-libs).
+"""A C++ runtime linked statically stays inside the extension module (CMakeLists.txt: --exclude-libs).
 
 A toolchain that links libstdc++.a into the module (a GCC 13 in a CUDA image, beside Ubuntu's libstdc++ 14) used
-to export libstdc++'s process-wide facet ids; they bound to the copy NumPy had loaded, and the import crashed at
-the first number it formatted. What must hold: the dynamic symbol table defines no symbol of the core library
-(moe_cpu::...) and none of libstdc++'s own objects (locale, ios_base, facets), whatever the toolchain linked.
+to export libstdc++'s process-wide (STB_GNU_UNIQUE) facet ids; they bound to the copy NumPy had loaded, and the
+import crashed at the first number it formatted. This host's toolchain links libstdc++ dynamically, so the test
+links a probe as that toolchain did (-static-libstdc++) with the option exactly as CMakeLists.txt spells it.
 """
+import os
 import platform
+import re
 import shutil
 import subprocess
 
@@ -13,27 +15,58 @@ import pytest
 
 from moe_cpu import _core
 
-pytestmark = pytest.mark.skipif(platform.system() != "Linux", reason="--exclude-libs is a GNU / LLVM ELF linker option")
+pytestmark = pytest.mark.skipif(platform.system() != "Linux", reason="--exclude-libs is an ELF linker option")
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+RUNTIME = re.compile(r"^\S+ \S (?:std::(?:locale|ios_base|num_put|codecvt|ctype|basic_ostream)|vtable for std::basic_ios)")
+PROBE = r"""
+#include <sstream>
+#include <string>
+extern "C" int probe(long v, char* out, int n) {
+  std::ostringstream o;
+  o << v;
+  const std::string s = o.str();
+  const int k = int(s.size()) < n - 1 ? int(s.size()) : n - 1;
+  s.copy(out, k);
+  out[k] = 0;
+  return k;
+}
+"""
 
 
-def dynamic_definitions():
+def exports(path):
     nm = shutil.which("nm")
-    assert nm, "binutils' nm is a build dependency (scripts/setup.sh installs it)"
-    out = subprocess.run([nm, "-D", "--defined-only", "-C", _core.__file__], capture_output=True, text=True, check=True)
-    return [ln.split(" ", 2)[2] for ln in out.stdout.splitlines() if ln.count(" ") >= 2]
+    assert nm, "binutils' nm comes with g++ (scripts/setup.sh)"
+    out = subprocess.run([nm, "-D", "--defined-only", "-C", path], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
 
 
-def test_the_module_exports_its_init_and_the_capture_callbacks():
-    names = dynamic_definitions()
-    assert "PyInit__core" in names
-    assert {"moe_cpu_host_submit", "moe_cpu_host_wait"} <= set(names)
+def cmake_exclude_option():
+    text = open(os.path.join(ROOT, "CMakeLists.txt")).read()
+    m = re.search(r'"LINKER:(--exclude-libs,[^"]+)"', text)
+    assert m, "CMakeLists.txt links _core with LINKER:--exclude-libs,..."
+    return "-Wl," + m.group(1)
 
 
-def test_no_core_or_libstdcxx_object_is_exported():
-    names = dynamic_definitions()
-    core = [n for n in names if n.startswith("moe_cpu::")]
-    assert not core, core[:5]
-    runtime = [n for n in names if n.startswith(("std::locale", "std::ios_base", "std::num_put", "std::codecvt",
-                                                  "std::ctype", "std::basic_ostream", "vtable for std::basic_ios"))]
-    assert not runtime, runtime[:5]
-    assert len(names) < 200, f"{len(names)} dynamic symbols: an archive's symbols leak (was 1277 before the fix)"
+def test_the_module_exports_its_init_and_no_runtime_object():
+    lines = exports(_core.__file__)
+    names = [ln.split(" ", 2)[2] for ln in lines if ln.count(" ") >= 2]
+    assert "PyInit__core" in names and {"moe_cpu_host_submit", "moe_cpu_host_wait"} <= set(names)
+    assert not [ln for ln in lines if RUNTIME.search(ln)]
+
+
+def test_a_static_libstdcxx_stays_inside_with_the_modules_option(tmp_path):
+    gxx = shutil.which("g++")
+    assert gxx, "g++ builds the package"
+    src = tmp_path / "probe.cpp"
+    src.write_text(PROBE)
+    plain, hidden = str(tmp_path / "plain.so"), str(tmp_path / "hidden.so")
+    base = [gxx, "-shared", "-fPIC", "-O2", str(src), "-static-libstdc++"]
+    subprocess.run(base + ["-o", plain], check=True)
+    subprocess.run(base + [cmake_exclude_option(), "-o", hidden], check=True)
+    leaked = [ln for ln in exports(plain) if RUNTIME.search(ln)]
+    assert len(leaked) > 50, "the probe should export libstdc++ without the option (else it tests nothing)"
+    assert not [ln for ln in exports(hidden) if RUNTIME.search(ln)]
+    import ctypes
+    import numpy  # noqa: F401  (NumPy's libstdc++.so first, as at the module's import)
+    buf = ctypes.create_string_buffer(32)
+    assert ctypes.CDLL(hidden).probe(ctypes.c_long(-1234567), buf, 32) == 8 and buf.value == b"-1234567"

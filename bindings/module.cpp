@@ -47,5 +47,6 @@ PYBIND11_MODULE(_core, m) {
   m.def("forced_isa", &moe_cpu::forced_isa);
   m.def("amx_status", &moe_cpu::amx_status);
   m.def("amx_min_rows", &moe_cpu::amx_min_rows);
+  m.def("amx_min_rows_set", &moe_cpu::amx_min_rows_set);
   m.def("set_amx_min_rows", &moe_cpu::set_amx_min_rows, py::arg("rows"));
 }

@@ -11,6 +11,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 
@@ -120,6 +121,7 @@ bool execute(const Insn& in) {
   return false;
 }
 
+std::atomic<uint64_t> g_executed{0};  // tile instructions run on the model (moe_cpu_amx_trap_count)
 struct sigaction g_prev {};  // the handler before ours: it gets every SIGILL that is not a decoded AMX one
 
 void on_sigill(int sig, siginfo_t* info, void* ctx) {
@@ -128,6 +130,7 @@ void on_sigill(int sig, siginfo_t* info, void* ctx) {
   Insn in;
   if (decode(reinterpret_cast<const uint8_t*>(g[REG_RIP]), g, in) && execute(in)) {
     g[REG_RIP] += in.len;
+    g_executed.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   static const char kMsg[] = "moe_cpu amx_trap: SIGILL at an instruction that is not a decoded AMX one\n";
@@ -157,4 +160,9 @@ const bool g_installed = install();
 extern "C" __attribute__((visibility("default"))) const char* moe_cpu_amx_trap() {
   return g_installed && install() ? "the tests' SIGILL trap (tests/amx_trap) runs each tile instruction on the scalar tile model"
                      : nullptr;
+}
+
+// Tile instructions this process has run through the trap (tests: whether a call took the tiles).
+extern "C" __attribute__((visibility("default"))) uint64_t moe_cpu_amx_trap_count() {
+  return g_executed.load(std::memory_order_relaxed);
 }

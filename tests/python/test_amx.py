@@ -40,3 +40,4 @@ def test_crossover_bench_runs_where_amx_is_active(rng, capsys):
     else:
         assert rows == [] and "not measured here" in out and f["amx"] in out
     assert moe_cpu.get_amx_min_rows() == f["amx_min_rows"]   # restored
+

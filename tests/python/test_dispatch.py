@@ -193,3 +193,55 @@ def test_shipped_avx2vnni_kernels_are_vex_only():
     for f in funcs:
         bad = [ln for ln in f.splitlines()[1:] if EVEX_ONLY.search(ln)]
         assert not bad, f"{f.splitlines()[0]}: EVEX-only instructions {bad[:3]}"
+
+
+TILE_COUNT = r"""
+import ctypes, json, numpy as np, moe_cpu
+count = ctypes.CDLL(None).moe_cpu_amx_trap_count
+count.restype = ctypes.c_uint64
+rng = np.random.default_rng(0)
+E, k, H, I = 4, 2, 128, 128
+
+def tiles(scheme, g, M):   # tile instructions one call runs; M // 2 rows per expert
+    w13 = moe_cpu.quantize_experts(rng.standard_normal((E, 2 * I, H), dtype=np.float32), scheme, group_size=g)
+    w2 = moe_cpu.quantize_experts(rng.standard_normal((E, H, I), dtype=np.float32), scheme, group_size=g)
+    x = rng.standard_normal((M, H), dtype=np.float32)
+    ids = ((np.arange(M)[:, None] * k + np.arange(k)[None, :]) % E).astype(np.int32)
+    c0 = count()
+    moe_cpu.fused_experts(x, w13, w2, np.full((M, k), 0.5, np.float32), ids)
+    return count() - c0
+
+cases = [("int4_w4a8", 128, 64), ("int4_w4a8", 32, 64), ("int4_w4a16", 128, 64), ("int8_w8a8", -1, 64),
+         ("int8_w8a8", -1, 16)]
+out = {"amx": moe_cpu.cpu_features()["amx"], "set0": moe_cpu.cpu_features()["amx_min_rows_set"]}
+out["default"] = [tiles(*c) for c in cases]
+moe_cpu.set_amx_min_rows(moe_cpu.get_amx_min_rows())
+out["set"] = [tiles(*c) for c in cases]
+print(json.dumps(out))
+"""
+
+
+def test_forms_whose_tiles_lose_stay_on_avx512_until_a_threshold_is_set():
+    """Default threshold (16 rows): int4 g128 and int8 per channel with 32 rows per expert take the tiles; int4
+    in groups of 32, A16 and 8-row experts do not. Once a threshold is set (to the same 16), every form with
+    enough rows does. Counted by the tests' SIGILL trap, which runs each tile instruction (a fresh process with
+    the trap preloaded and no MOE_CPU_AMX_MIN_ROWS)."""
+    import json
+    if "amx" in moe_cpu.cpu_features()["detected"] and not moe_cpu.cpu_features()["amx"].startswith("emulated"):
+        pytest.skip("real AMX: tile instructions run in hardware, so the trap cannot count them")
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    trap = os.path.join(root, "build", "ctest", "libmoe_cpu_amx_trap.so")
+    assert os.path.exists(trap), "the trap library is built with the C++ tests (scripts/test.sh builds build/ctest)"
+    env = {k: v for k, v in os.environ.items() if k not in ("MOE_CPU_AMX_MIN_ROWS", "MOE_CPU_ISA", "LD_PRELOAD")}
+    env["LD_PRELOAD"] = trap
+    r = subprocess.run([sys.executable, "-c", TILE_COUNT], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if not out["amx"].startswith("emulated"):
+        pytest.skip(f"no AMX kernels here: {out['amx']}")
+    assert out["set0"] is False
+    g128, g32, a16, i8, i8_small = out["default"]
+    assert g128 > 0 and i8 > 0, out
+    assert g32 == 0 and a16 == 0 and i8_small == 0, out
+    s128, s32, sa16, si8, si8_small = out["set"]
+    assert min(s128, s32, sa16, si8) > 0 and si8_small == 0, out

@@ -43,9 +43,11 @@ std::string amx_status();
 bool amx_emulated();
 // Rows an expert needs before the AMX kernels use the tiles; with fewer, their AVX-512 twins run (the
 // int schemes give the same bits either way). Set by set_amx_min_rows, else MOE_CPU_AMX_MIN_ROWS (a
-// positive integer, read once; ValueError else), else kAmxMinRows.
-constexpr int64_t kAmxMinRows = 32;  // provisional: not yet measured on an AMX host
+// positive integer, read once; ValueError else), else kAmxMinRows. Until one of the two sets it, the forms
+// whose tiles lost at every row count measured stay on the twins (kernels/amx_scratch.h: tiles_lose).
+constexpr int64_t kAmxMinRows = 16;  // measured on a 16-core Emerald Rapids: docs/performance.md, AMX
 int64_t amx_min_rows();
+bool amx_min_rows_set();  // by set_amx_min_rows or MOE_CPU_AMX_MIN_ROWS
 void set_amx_min_rows(int64_t rows);  // rows >= 1, else ValueError
 // Names of the active feature bits, e.g. {"avx2", "avx512", "avx512_vnni"}.
 std::vector<std::string> feature_names(uint64_t bits);

@@ -214,6 +214,7 @@ bool amx_emulated() {
 
 namespace {
 std::atomic<int64_t> g_amx_min_rows{0};  // 0: not set yet
+std::atomic<bool> g_amx_min_rows_set{false};
 }  // namespace
 
 int64_t amx_min_rows() {
@@ -225,6 +226,7 @@ int64_t amx_min_rows() {
     const long long v = std::strtoll(env, &end, 10);
     if (*end || v < 1)
       throw ValueError(msg("MOE_CPU_AMX_MIN_ROWS = '", env, "' is not a positive integer (rows an expert needs before the AMX kernels use tiles)"));
+    g_amx_min_rows_set.store(true, std::memory_order_relaxed);
     return int64_t(v);
   }();
   int64_t unset = 0;
@@ -235,6 +237,12 @@ int64_t amx_min_rows() {
 void set_amx_min_rows(int64_t rows) {
   if (rows < 1) throw ValueError(msg("amx_min_rows = ", rows, " must be >= 1 (rows an expert needs before the AMX kernels use tiles)"));
   g_amx_min_rows.store(rows, std::memory_order_relaxed);
+  g_amx_min_rows_set.store(true, std::memory_order_relaxed);
+}
+
+bool amx_min_rows_set() {
+  amx_min_rows();  // reads the environment once
+  return g_amx_min_rows_set.load(std::memory_order_relaxed);
 }
 
 std::vector<std::string> feature_names(uint64_t bits) {

@@ -65,7 +65,7 @@ struct KernelDesc {
   bool int_scales = false;  // int schemes: takes PackedExperts' integer scales
   // Whether a call with this many rows copies the rows of a view whose row_idx are not consecutive (the
   // AMX kernels' A tiles; nullptr: never); the pipeline then gathers GEMM1's rows once per task.
-  bool (*gathers_rows)(int64_t rows) = nullptr;
+  bool (*gathers_rows)(const PackedExperts& w, int64_t rows) = nullptr;
   bool half_scales = false;  // int schemes: takes fp16 scales (PackedExperts::half_scales)
 };
 

@@ -159,13 +159,22 @@ void row_blocks(const TileRows& rows, int64_t R, int64_t G, int64_t gl, int64_t 
   }
 }
 
-// The per-expert choice of an AMX kernel: experts with fewer than amx_min_rows() rows go to its AVX-512
-// twin (same packed layout), the rest to the tiles (which gather scattered rows: KernelDesc::gathers_rows).
-inline bool amx_takes_tiles(int64_t rows) { return rows >= amx_min_rows(); }
-inline bool model_takes_tiles(int64_t) { return true; }  // the _amx_model kernels have no twin
+// Forms whose tiles lost to the AVX-512 twin at every row count measured on a 16-core Emerald Rapids
+// (docs/performance.md, AMX): A16 (0.31-0.58x at 1-128 rows per expert) and int4 in groups of 32 (0.7-1.0x at
+// 32-256 rows, one expert). They take tiles only once a threshold is set (amx_min_rows_set: the tests set 1).
+inline bool tiles_lose(const PackedExperts& w) {
+  return w.a16 || (w.scheme == Scheme::kInt4W4A8 && w.group_size > 0 && w.group_size <= 32);
+}
+// The per-expert choice of an AMX kernel: experts with fewer than amx_min_rows() rows, or of a form whose
+// tiles lose, go to its AVX-512 twin (same packed layout), the rest to the tiles (which gather scattered
+// rows: KernelDesc::gathers_rows).
+inline bool amx_takes_tiles(const PackedExperts& w, int64_t rows) {
+  return rows >= amx_min_rows() && (amx_min_rows_set() || !tiles_lose(w));
+}
+inline bool model_takes_tiles(const PackedExperts&, int64_t) { return true; }  // the _amx_model kernels have no twin
 template <const KernelDesc* kTwin, void (*kTiles)(const PackedExperts&, int64_t, int64_t, int64_t, const ActRows&, float*, int64_t)>
 void amx_or_twin(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  if (!amx_takes_tiles(a.rows)) return kTwin->gemm(w, e, b0, b1, a, c, ldc);
+  if (!amx_takes_tiles(w, a.rows)) return kTwin->gemm(w, e, b0, b1, a, c, ldc);
   kTiles(w, e, b0, b1, a, c, ldc);
 }
 

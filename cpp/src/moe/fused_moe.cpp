@@ -160,7 +160,7 @@ constexpr int64_t kPieceBytes = 192 << 10;  // a GEMM1 piece's gate + up tile st
 // GEMM1's rows of one task in expert order, for a kernel that would copy scattered rows on each call
 // (KernelDesc::gathers_rows: once per piece and gate / up); the view reads this worker's copy.
 ActRows task_rows(const PackedExperts& w, const ActBuffer& src, const int32_t* idx, int64_t R) {
-  if (!w.kernel->gathers_rows || !w.kernel->gathers_rows(R)) return src.view(idx, R);
+  if (!w.kernel->gathers_rows || !w.kernel->gathers_rows(w, R)) return src.view(idx, R);
   bool consecutive = true;
   for (int64_t r = 1; r < R && consecutive; ++r) consecutive = idx[r] == idx[0] + r;
   if (consecutive) return src.view(idx, R);

@@ -678,6 +678,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="warm-up calls per engine and M (default 2)")
     ap.add_argument("--small", action="store_true", help="tiny shape (H 256, 8 experts, FFN 256, top-2)")
     ap.add_argument("--ik-dir", default="/tmp/ikpeer", help="where the peer wheel lives (default /tmp/ikpeer)")
+    ap.add_argument("--ik-lib", help="another libllama.so for the wheel's ctypes API (IK_LLAMA_CPP_LIB_PATH): e.g. "
+                    "ik_llama.cpp at the wheel's commit built with -DGGML_NATIVE=ON (docs/performance.md)")
     ap.add_argument("--no-install", action="store_true", help="do not pip-install the peer, only print the command")
     ap.add_argument("--ik-configs", default=DEFAULT_CONFIGS,
                     help=f"ik option sets to try, ';'-separated (rtr, fmoe, muge; default {DEFAULT_CONFIGS!r})")
@@ -696,6 +698,10 @@ def main() -> None:
     types = [t.strip() for t in args.types.split(",") if t.strip()]
     configs = [IkConfig.parse(s) for s in args.ik_configs.split(";") if s.strip()]
     ensure_ik(args.ik_dir, not args.no_install)
+    if args.ik_lib:
+        if not os.path.isfile(args.ik_lib):
+            ap.error(f"--ik-lib {args.ik_lib!r} is not a file")
+        os.environ["IK_LLAMA_CPP_LIB_PATH"] = os.path.abspath(args.ik_lib)
     ik = Ik(args.ik_dir, args.threads, args.verbose)
     import moe_cpu as mc   # after the peer is set up; moe_cpu itself never sees it
 
@@ -705,7 +711,9 @@ def main() -> None:
     print(f"moe_cpu: isa {host['moe_cpu_isa']} (MOE_CPU_ISA={host['MOE_CPU_ISA'] or '-'}), active "
           f"{','.join(host['moe_cpu_active'])}; kernels int4_w4a8 {host['moe_cpu_kernels']['int4_w4a8']}, "
           f"int8_w8a8 {host['moe_cpu_kernels']['int8_w8a8']}")
-    print(f"ik_llama.cpp (wheel {IK_PACKAGE}): {host['ik_system_info']}")
+    lib = os.environ.get("IK_LLAMA_CPP_LIB_PATH")
+    print(f"ik_llama.cpp ({'library ' + lib + ', through the wheel ' if lib else 'wheel '}{IK_PACKAGE}): "
+          f"{host['ik_system_info']}")
     print(f"ik model defaults: {host['ik_model_defaults']}")
     print(f"ik context defaults: {host['ik_context_defaults']}")
     print(f"ik configs tried: {[c.name() for c in configs]} (use_mmap=0, n_ctx=n_batch=n_ubatch={max(max(Ms), 32)}, "

@@ -141,8 +141,9 @@ struct IntFormBlock {
   const float* dmn_run(int64_t j, int64_t run) const { return dmn + (j * runs + run) * 16; }
 };
 
-// How far ahead an int kernel's decode tile prefetches its (sequential) panel stream, into L2.
-constexpr int64_t kDecodePrefetchBytes = 8192;
+// How far ahead an int kernel's decode tile prefetches its (sequential) panel stream, into L2 (2, 4, 8, 16 KiB
+// tried on a Zen 5, paired A/B: 4 KiB best; docs/performance.md).
+constexpr int64_t kDecodePrefetchBytes = 4096;
 
 // Decode's prefetch of each panel's scale-group side data (fp32 or integer-form scales, fp32 mins, zero points),
 // kSideAhead groups ahead of use (past the panel's last group: the next panel's, which decode reads next). Decode

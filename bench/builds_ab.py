@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Two builds of moe_cpu (or one build under two environments), paired on this shared host: old / new time.
+
+What it runs
+    Two worker processes, one per build (``--old`` / ``--new``: directories that hold a ``moe_cpu`` package, e.g.
+    copies of site-packages/moe_cpu), each holding the same MoE block: a GGUF file of bench/ik_peer.py's cache
+    (Q4_0, Q8_0, Q4_K, IQ4_XS, Q5_K, Q6_K: the Qwen3-30B-A3B block) or a random block of a scheme
+    (int4_w4a8 = g128, int8_w8a8 per channel, ...: moe_cpu.bench.random_forms). ``fused_experts`` on a routing
+    pool where an expert comes back every 16 calls (cold decode). The workers take turns, a batch of calls each
+    (the order flips every round), so both see the same phase of the host's memory bandwidth, which on these VMs
+    moves by up to 30% within minutes; per-process alternation (load, run, exit) spread 10-20% where this
+    spreads 1-2%.
+
+What it prints
+    Per case: the median over rounds of new / old (each round's median call), its quartiles, and both medians (ms).
+
+Usage
+    cp -r $(python3 -c 'import moe_cpu,os;print(os.path.dirname(moe_cpu.__file__))') /tmp/old/   # before a change
+    ... rebuild, copy the new one to /tmp/new/ ...
+    python bench/builds_ab.py --old /tmp/old --new /tmp/new --cases Q4_0,Q4_K,int4_w4a8 --isa avx2
+    python bench/builds_ab.py --old /tmp/b --new /tmp/b --new-env MOE_CPU_TEAM=omp     # one build, two settings
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+
+WORKER = r'''
+import os, sys, time
+import numpy as np
+import moe_cpu
+from moe_cpu.bench.timing import routing_pool
+case, M, threads, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rng = np.random.default_rng(0)
+if case.startswith(("int", "bf16", "fp8")):
+    from moe_cpu.bench.random_forms import random_block
+    w13, w2 = random_block(rng, case, 2048, 768, 128)
+else:
+    layer = moe_cpu.MoELayer.from_pretrained(os.path.join(work, f"q_H2048_E128_I768_k8_s0_f16_{case}.gguf"), layer_idx=0)
+    w13, w2 = layer.w13, layer.w2
+x = rng.standard_normal((M, 2048)).astype(np.float32)
+pool = routing_pool(rng, 128, 8, M)
+moe_cpu.set_num_threads(threads)
+calls = 150 if M == 1 else 4
+i = 0
+print("ready", flush=True)
+for _ in sys.stdin:
+    for _ in range(10 if M == 1 else 1):
+        ids, tw = pool[i % len(pool)]; i += 1
+        moe_cpu.fused_experts(x, w13, w2, tw, ids)
+    ts = []
+    for _ in range(calls):
+        ids, tw = pool[i % len(pool)]; i += 1
+        t0 = time.perf_counter()
+        moe_cpu.fused_experts(x, w13, w2, tw, ids)
+        ts.append(time.perf_counter() - t0)
+    print(float(np.median(ts)) * 1e3, flush=True)
+'''
+
+
+def env_pairs(text: str) -> dict:
+    out = {}
+    for kv in filter(None, text.split(",")):
+        if "=" not in kv:
+            raise SystemExit(f"--old-env / --new-env take NAME=VALUE[,NAME=VALUE]: got {kv!r}")
+        k, v = kv.split("=", 1)
+        out[k] = v
+    return out
+
+
+def quartiles(v):
+    s = sorted(v)
+    return s[len(s) // 4], s[(3 * len(s)) // 4]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--old", required=True, help="directory holding the old build's moe_cpu package")
+    ap.add_argument("--new", required=True, help="directory holding the new build's moe_cpu package")
+    ap.add_argument("--cases", default="Q4_0,Q8_0,Q4_K,IQ4_XS,Q5_K,Q6_K",
+                    help="GGUF types (bench/ik_peer.py's files) and / or schemes, comma-separated")
+    ap.add_argument("--m", type=int, default=1, help="tokens per call (default 1)")
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--isa", default="", help="MOE_CPU_ISA for both (default: native)")
+    ap.add_argument("--old-env", default="", help="NAME=VALUE[,...] for the old worker only")
+    ap.add_argument("--new-env", default="", help="NAME=VALUE[,...] for the new worker only")
+    ap.add_argument("--work-dir", default="/tmp/ik_peer_models", help="bench/ik_peer.py's GGUF cache")
+    a = ap.parse_args(argv)
+    if a.m < 1 or a.rounds < 1 or a.threads < 1:
+        ap.error("--m, --rounds and --threads must be >= 1")
+    for d in (a.old, a.new):
+        if not os.path.isfile(os.path.join(d, "moe_cpu", "__init__.py")):
+            ap.error(f"{d} holds no moe_cpu package")
+    extra = {"old": env_pairs(a.old_env), "new": env_pairs(a.new_env)}
+    print(f"# old {a.old} {a.old_env}  new {a.new} {a.new_env}  M {a.m}, {a.threads} threads, "
+          f"isa {a.isa or 'native'}, {a.rounds} rounds", flush=True)
+    for case in a.cases.split(","):
+        procs = {}
+        for v, path in (("old", a.old), ("new", a.new)):
+            env = dict(os.environ, PYTHONPATH=path, **extra[v])
+            if a.isa:
+                env["MOE_CPU_ISA"] = a.isa
+            procs[v] = subprocess.Popen([sys.executable, "-c", WORKER, case, str(a.m), str(a.threads), a.work_dir],
+                                        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+        try:
+            for v, p in procs.items():
+                if p.stdout.readline().strip() != "ready":
+                    raise SystemExit(f"{case}: the {v} worker failed to start (see its error above)")
+            res = {"old": [], "new": []}
+            for r in range(a.rounds):
+                for v in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                    procs[v].stdin.write("go\n")
+                    procs[v].stdin.flush()
+                    res[v].append(float(procs[v].stdout.readline()))
+        finally:
+            for p in procs.values():
+                p.stdin.close()
+                p.wait()
+        ratios = [n / o for n, o in zip(res["new"], res["old"])]
+        q1, q3 = quartiles(ratios)
+        print(f"  {case:10} new/old {statistics.median(ratios):.3f} (quartiles {q1:.3f}-{q3:.3f})  "
+              f"old {statistics.median(res['old']):.3f} ms  new {statistics.median(res['new']):.3f} ms", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

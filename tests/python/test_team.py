@@ -1,6 +1,6 @@
 """moe_cpu's compute team (docs/threads.md): the default team, OpenMP's on request or with binding, the same bits
 from both, a fork() child that still computes, more threads than cores; and the contention / scaling benches
-refuse bad counts with a usage error."""
+refuse bad counts with a usage error (and bench/builds_ab.py bad builds)."""
 import multiprocessing as mp
 import os
 import subprocess
@@ -114,6 +114,9 @@ def test_more_threads_than_cores_give_the_same_bits(rng):
     ("scaling.py", ["--threads", "0"], "must be >= 1"),
     ("scaling.py", ["--threads", "two"], "integers or 'all'"),
     ("team_ab.py", ["--rounds", "0"], "must be >= 1"),
+    ("builds_ab.py", ["--old", "/", "--new", "/", "--rounds", "0"], "must be >= 1"),
+    ("builds_ab.py", ["--old", "/nonexistent", "--new", "/"], "/nonexistent holds no moe_cpu package"),
+    ("builds_ab.py", ["--old", ROOT, "--new", ROOT, "--new-env", "MOE_CPU_ISA"], "take NAME=VALUE"),
 ])
 def test_benches_refuse_bad_counts(script, args, needle):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), *args], capture_output=True,

@@ -185,6 +185,12 @@ void bind_pack(py::module_& m) {
                              "True when the kernel holds the group scales as d * int8 per run of 8 groups (K-quant and "
                              "IQ4_XS scales; the x86 int kernels, AMX int4): exact, 1.5 bytes per group and column instead of 4. "
                              "unpack() gives the same floats.")
+      .def_property_readonly("code_bits", [](const PackedExperts& p) {
+        return p.split_bits ? p.split_bits : p.scheme == Scheme::kInt4W4A8 ? 4 : p.scheme == Scheme::kBf16 ? 16 : 8;
+      },
+                             "Bits a weight code takes in memory: 4 (int4), 8 (int8, fp8), 16 (bf16), or 5 / 6 "
+                             "when the kernel holds int8 codes that span at most 32 / 64 values (GGUF Q5_K / Q6_K) as split codes (low "
+                             "nibbles + high bits; the AVX2 vpmaddubsw kernel): exact. unpack() and files give the same int8 values.")
       .def_property_readonly("act_block", [](const PackedExperts& p) -> py::object {
         if (!p.act_block) return py::none();
         return py::int_(p.act_block);

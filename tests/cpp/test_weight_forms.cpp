@@ -31,6 +31,8 @@ struct FormCase {
   // scales = d * (6-bit sc, or sc - 32 without mins: IQ4_XS) per run of 8 groups: int4 kernels with
   // int_scales take them as integers
   bool kscales = false;
+  int lo8 = -128, hi8 = 127;  // int8: the codes' range (narrow ones: split 5- / 6-bit codes on kernels that take them)
+  bool top = false;           // int8: every code at hi8, activations +-127 (the largest int16 sums of split codes)
 };
 const FormCase kForms[] = {
     {"Iq4nl_M1", true, kIq4nl, false, 1, 40, 256, 32},
@@ -56,6 +58,13 @@ const FormCase kForms[] = {
     {"Unsigned_KScales_KMins_M7", true, kUnsigned, true, 7, 70, 288, 32, true, true},  // 9 groups: a short run
     {"Iq4nl_KScales_M1", true, kIq4nl, false, 1, 48, 256, 32, false, true},            // IQ4_XS
     {"Iq4nl_KScales_M6", true, kIq4nl, false, 6, 40, 320, 32, false, true},            // 10 groups
+    {"Int8_6bit_G16_M1", false, nullptr, false, 1, 64, 256, 16, false, false, -32, 31},          // Q6_K codes
+    {"Int8_6bit_G16_M11", false, nullptr, false, 11, 37, 272, 16, false, false, -32, 31},
+    {"Int8_5bit_G32_Mins_M1", false, nullptr, true, 1, 80, 256, 32, false, false, 0, 31},        // Q5_K codes
+    {"Int8_5bit_G32_KMins_M9", false, nullptr, true, 9, 37, 320, 32, true, false, 0, 31},
+    {"Int8_6bit_G32_KScales_M5", false, nullptr, false, 5, 40, 512, 32, false, true, -20, 43},
+    {"Int8_6bit_G16_Top_M6", false, nullptr, false, 6, 32, 256, 16, false, false, -32, 31, true},
+    {"Int8_5bit_G32_Top_M1", false, nullptr, false, 1, 32, 256, 32, false, false, 0, 31, true},
 };
 
 class WeightFormTest : public ::testing::TestWithParam<const KernelDesc*> {};
@@ -71,10 +80,11 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
     SCOPED_TRACE(c.label);
     const int64_t E = 2, e = 1, N = c.N, K = c.K, R = c.rows;
     const int64_t gl = c.group > 0 ? c.group : K, G = K / gl;
-    const bool extremes = c.codebook == kExtremes;
+    const bool extremes = c.codebook == kExtremes || c.top;
     // codes: int4 indices (or signed q), int8 values; the weight value v(code)
     auto q = c.int4 ? (c.codebook ? test::ints(g, size_t(E * N * K), 0, 15) : test::ints(g, size_t(E * N * K), -8, 7))
-                    : test::ints(g, size_t(E * N * K), -128, 127);
+                    : test::ints(g, size_t(E * N * K), c.lo8, c.hi8);
+    if (c.top) std::fill(q.begin(), q.end(), int8_t(c.hi8));
     auto value = [&](int64_t i) { return c.codebook ? int(c.codebook[uint8_t(q[size_t(i)])]) : int(q[size_t(i)]); };
     auto s = test::gaussian(g, size_t(E * N * G));
     auto mn = test::gaussian(g, size_t(E * N * G), 0.5f);
@@ -106,6 +116,8 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
     set_kernel(p, kd);
     if (c.kquant) EXPECT_EQ(p.imin_groups, kd->int_mins ? 8 : 0) << "integer mins";
     if (c.kscales) EXPECT_EQ(p.iscale_groups, kd->int_scales ? 8 : 0) << "integer scales";
+    if (!c.int4 && c.lo8 > -128)
+      EXPECT_EQ(p.split_bits, kd->split_codes ? (c.hi8 - c.lo8 < 32 && c.group == 32 ? 5 : 6) : 0) << "split codes";
     ++ran;
     // activations: random, or +-127 of one sign per row (the extremes of every int16 / int32 sum)
     auto aq = test::ints(g, size_t(R * K), -127, 127);
@@ -188,7 +200,8 @@ TEST_P(WeightFormTest, ActivationBlocksMatchDequantizedMath) {
       if (K % B || (gl % B && B % gl)) continue;
       SCOPED_TRACE(std::string(c.label) + " B=" + std::to_string(B));
       auto q = c.int4 ? (c.codebook ? test::ints(g, size_t(E * N * K), 0, 15) : test::ints(g, size_t(E * N * K), -8, 7))
-                      : test::ints(g, size_t(E * N * K), -128, 127);
+                      : test::ints(g, size_t(E * N * K), c.lo8, c.hi8);
+    if (c.top) std::fill(q.begin(), q.end(), int8_t(c.hi8));
       auto value = [&](int64_t i) { return c.codebook ? int(c.codebook[uint8_t(q[size_t(i)])]) : int(q[size_t(i)]); };
       auto s = test::gaussian(g, size_t(E * N * G));
       auto mn = test::gaussian(g, size_t(E * N * G), 0.5f);

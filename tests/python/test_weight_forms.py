@@ -37,9 +37,10 @@ def kquant_scales(rng, E, N, G, lo, hi, K):
     return np.ascontiguousarray((d * sc).reshape(E, N, -1)[:, :, :G], np.float32)
 
 
-def form_weights(rng, form, E, N, K, a16=False):
+def form_weights(rng, form, E, N, K, a16=False, group=None, top=False):
     """(RefWeights, PackedExperts) of random codes in a GGUF-like form, outputs of unit scale; a16: run them
-    with 16-bit activations (int4_w4a16 / int8_w8a16)."""
+    with 16-bit activations (int4_w4a16 / int8_w8a16); int8 forms: group overrides the group length, top puts
+    every code at the top of its range."""
     if form in ("iq4nl", "mxfp4", "q4k", "q4k_dmin", "q4k_ks", "iq4xs"):
         cb = {"iq4nl": IQ4_NL, "mxfp4": MXFP4, "iq4xs": IQ4_NL}.get(form, UNSIGNED)
         g, G = 32, K // 32
@@ -55,9 +56,9 @@ def form_weights(rng, form, E, N, K, a16=False):
         sch = "int4_w4a16" if a16 else "int4_w4a8"
         return (ref.RefWeights.int4(q, s, g, codebook=cb, mins=m, scheme=sch),
                 moe_cpu.pack_int4(q, s, g, codebook=cb, mins=m, scheme=sch))
-    g = 16 if form.startswith("q6k") else 32
+    g = group or (16 if form.startswith("q6k") else 32)
     lo, hi = (-32, 31) if form.startswith("q6k") else (0, 31)
-    q = rng.integers(lo, hi + 1, (E, N, K)).astype(np.int8)
+    q = np.full((E, N, K), hi, np.int8) if top else rng.integers(lo, hi + 1, (E, N, K)).astype(np.int8)
     s = (rng.uniform(0.5, 1.5, (E, N, K // g)) / (20 * np.sqrt(K))).astype(np.float32)
     if form in ("q6k_ks", "q5k_ks"):   # Q6_K: d * int8 per 16, Q5_K: d * 6-bit per 32 (a d per run of 8 groups)
         s = kquant_scales(rng, E, N, K // g, *((-128, 127) if form == "q6k_ks" else (0, 63)), K) * 32
@@ -218,7 +219,7 @@ def test_kquant_scales_run_as_integers_on_x86(rng, tmp_path, form):
     if integer:   # an int8 per (column, group) and an fp32 d per run of 8 groups (int4 / Q5_K: 10 groups, 2 runs, padded)
         NB, G = 2 * I // 16, H // p13.group_size
         runs = -(-G // 8)
-        code_bytes = E * NB * 16 * (H // 2 if p13.scheme == "int4_w4a8" else H)
+        code_bytes = E * NB * 16 * H * p13.code_bits // 8   # int4, int8, or split 5- / 6-bit int8 codes
         scale_bytes = E * NB * 16 * (runs * 8 * 1 + runs * 4)
         int_min_bytes = E * NB * 16 * (runs * 8 * 1 + runs * 4) if p13.has_int_mins else 0   # int8 imins, fp32 dmin
         float_min_bytes = E * NB * 16 * G * 4 if p13.has_mins and not p13.has_int_mins else 0
@@ -266,6 +267,43 @@ def test_fp16_scales_run_as_fp16_on_x86(rng, tmp_path, form, a16):
     check_layer_and_file(rng, tmp_path, (r13, p13), (r2, p2), k, form)
     back = moe_cpu.load_packed(tmp_path / "w.moe")
     assert back.has_half_scales == half
+
+
+def split_code_kernel(p):
+    """Whether p's kernel takes split 5- / 6-bit int8 codes: the AVX2 vpmaddubsw one (w8a8_avx2)."""
+    return p.kernel.startswith("w8a8_avx2_")
+
+
+@pytest.mark.parametrize("form,bits", [("q5k", 5), ("q6k", 6), ("q5k_ks", 5), ("q6k_ks", 6), ("q6k_g32", 6),
+                                       ("q6k_top", 6), ("q5k_g16", 6), ("q8_0", 8)])
+def test_narrow_int8_codes_run_split_on_avx2(rng, tmp_path, form, bits):
+    # int8 codes that span at most 32 / 64 values (Q5_K's 0..31 in groups of 32, Q6_K's -32..31 in groups of 16) are
+    # held as 5 / 6-bit split codes by the AVX2 kernel: 5.x / 6.x bits a weight instead of 8. 5-bit codes in groups
+    # of 16 take 6 bits; "top" puts every code at its range's top (the largest int16 sums); q8_0 codes stay int8.
+    # Exact either way: against the reference, and through a file (which holds the int8 codes).
+    E, k, H, I = 3, 2, 320, 64
+    base = {"q6k_g32": "q6k", "q6k_top": "q6k", "q5k_g16": "q5k"}.get(form, form)
+    if form == "q8_0":
+        r13, p13 = fp16_scaled(rng, "q8_0", E, 2 * I, H)
+    else:
+        r13, p13 = form_weights(rng, base, E, 2 * I, H, group=32 if form == "q6k_g32" else 16 if form == "q5k_g16" else None,
+                                top=form == "q6k_top")
+    r2, p2 = form_weights(rng, "q6k", E, H, I)
+    split = split_code_kernel(p13) and bits < 8
+    assert p13.code_bits == (bits if split else 8)
+    assert p2.code_bits == (6 if split_code_kernel(p2) else 8)
+    np.testing.assert_array_equal(p13.unpack_quantized()["qweight"], r13.codes)
+    x = make_input(rng, 37, H)
+    tw, ids = make_routing(rng, 37, E, k)
+    out = moe_cpu.fused_experts(x, p13, p2, tw, ids)
+    out1 = np.concatenate([moe_cpu.fused_experts(x[i:i + 1], p13, p2, tw[i:i + 1], ids[i:i + 1]) for i in range(4)])
+    assert_close(out, ref.fused_experts_ref(x, r13, r2, tw, ids), "int4_w4a8", form)
+    np.testing.assert_array_equal(out1, out[:4])   # decode (one row) and row tiles give the same bits
+    p13.save(tmp_path / "w.moe")
+    back = moe_cpu.load_packed(tmp_path / "w.moe")
+    assert (back.code_bits, back.nbytes) == (p13.code_bits, p13.nbytes)
+    np.testing.assert_array_equal(back.unpack(), p13.unpack())
+    np.testing.assert_array_equal(moe_cpu.fused_experts(x, back, p2, tw, ids), out)
 
 
 def test_every_fp16_scale_unpacks_as_numpy_widens_it():

@@ -90,6 +90,12 @@ struct PackedExperts {
   // as GGUF's Q4_0 / Q8_0 / Q5_0 / IQ4_NL d are): `scales` holds fp16 codes in the same order, 2 bytes a group and
   // column instead of 4 (Q4_0: 4.5 bits a weight, as ggml's blocks). derive_half_scales, int_forms.cpp.
   bool half_scales = false;
+  // Split codes (int8 weights whose values span at most 2^split_bits, 5 or 6 bits, as GGUF's Q5_K / Q6_K, for a
+  // kernel with KernelDesc::split_codes): q = w + split_zero in [0, 2^split_bits), qweight holding q's low nibbles in
+  // the int4 panel layout and qhigh its high bits (cpp/src/moe/split_codes.h): 5 or 6 bits a weight instead of 8.
+  int split_bits = 0;  // 0: int8 panels
+  int split_zero = 0;
+  AlignedBuffer qhigh;
   const KernelDesc* kernel = nullptr;
 
   Scheme run_scheme() const { return moe_cpu::run_scheme(scheme, a16); }  // what runs: the kernels' scheme
@@ -108,11 +114,11 @@ struct PackedExperts {
   int64_t num_blocks() const { return (out_features + 15) / 16; }  // 16-column panels per expert
   size_t nbytes() const {
     return qweight.size() + scales.size() + zeros.size() + mins.size() + k_perm.size() + imins.size() + dmins.size() +
-           iscales.size() + dscales.size();
+           iscales.size() + dscales.size() + qhigh.size();
   }
   // Weight panel of (expert e, column block b).
   const uint8_t* panel(int64_t e, int64_t b) const { return qweight.data() + (e * num_blocks() + b) * panel_bytes(); }
-  int64_t panel_bytes() const;      // bytes of one (expert, column block) panel
+  int64_t panel_bytes() const;      // bytes of one (expert, column block) panel (split codes: its low nibbles)
   // Index of (e, n, gi) in the scales / zeros arrays.
   int64_t scale_index(int64_t e, int64_t n, int64_t gi) const {
     return ((e * num_blocks() + n / 16) * num_groups() + gi) * 16 + n % 16;

@@ -378,6 +378,8 @@ inline int int8_g32_passes(const PackedExperts& w, const ActRows& a);
 template <int NJ, int ND>
 void int8_avx2_g32_gemm(int P, const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                         int64_t ldc);
+inline void int8_avx2_split_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                          int64_t ldc);  // int_avx2_split.h: split 5- / 6-bit codes
 
 // The int4 GEMM of dot D with codes C: groups of 32 in IntAvx2G32's row tiles where they fit, else IntAvx2.
 template <IntDot D, Codes C, int MR, int NJ, int ND, int kBlk>
@@ -442,8 +444,10 @@ void int4_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
 // has ~8 rows per expert, where a scratch per block cost Q5_K 9%).
 template <IntDot D, int MR, int NJ, int ND>
 void int8_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  if constexpr (D == IntDot::kMaddubs)
+  if constexpr (D == IntDot::kMaddubs) {
+    if (w.split_bits) return int8_avx2_split_gemm(w, e, b0, b1, a, c, ldc);
     if (const int P = int8_g32_passes(w, a)) return int8_avx2_g32_gemm<NJ, ND>(P, w, e, b0, b1, a, c, ldc);
+  }
   if constexpr (D != IntDot::kMaddwd16)
     if (a.bscale)
       return a.NP > 1 ? drive<IntAvx2<false, D, Codes::kPlain, 2>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc)

@@ -1,6 +1,7 @@
 // int_forms.cpp — factoring group scales and mins as d * integer per run of groups (exact, bit for bit),
 // and the way back to floats.
 #include "moe/int_forms.h"
+#include "moe/split_codes.h"
 
 #include <atomic>
 #include <cmath>
@@ -169,9 +170,11 @@ void set_kernel(PackedExperts& p, const KernelDesc* kd) {
   if (p.iscale_groups && !kd->int_scales)
     p.scales = float_scales(p), p.iscales = AlignedBuffer(), p.dscales = AlignedBuffer(), p.iscale_groups = 0;
   if (p.half_scales && !kd->half_scales) p.scales = float_scales(p), p.half_scales = false;
+  if (p.split_bits && !kd->split_codes) join_split_codes(p);
   derive_int_mins(p);
   derive_int_scales(p);
   derive_half_scales(p);
+  if (kd->split_codes) derive_split_codes(p);
 }
 
 void set_a16(PackedExperts& p, bool a16) {

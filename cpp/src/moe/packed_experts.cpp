@@ -11,6 +11,7 @@
 #include "common/layout.h"
 #include "common/numeric.h"
 #include "common/parallel.h"
+#include "moe/split_codes.h"
 #include "moe_cpu/errors.h"
 
 namespace moe_cpu {
@@ -55,7 +56,7 @@ AlignedBuffer AlignedBuffer::view(const uint8_t* p, size_t n, std::shared_ptr<co
 
 int64_t PackedExperts::padded_k() const { return layout::padded_k(scheme, in_features); }
 
-int64_t PackedExperts::panel_bytes() const { return layout::panel_bytes(scheme, in_features); }
+int64_t PackedExperts::panel_bytes() const { return layout::panel_bytes(split_bits ? Scheme::kInt4W4A8 : scheme, in_features); }
 
 int PackedExperts::zero(int64_t e, int64_t n, int64_t gi) const {
   if (has_zeros) return zeros.data()[scale_index(e, n, gi)];
@@ -84,6 +85,10 @@ std::string PackedExperts::form() const {
 }
 
 void PackedExperts::code_row(int64_t e, int64_t n, uint16_t* out) const {
+  if (split_bits) {  // the int8 byte w + 128 of each split code
+    for (int64_t k = 0; k < in_features; ++k) out[k] = uint16_t(split_q(*this, e, n, k) - split_zero + 128);
+    return;
+  }
   const int64_t K = in_features, steps = padded_k() / layout::k_step(scheme), c = n % 16;
   const uint8_t* p = panel(e, n / 16);
   for (int64_t t = 0; t < steps; ++t) {

@@ -27,6 +27,7 @@
 #include "common/layout.h"
 #include "dispatch/registry.h"
 #include "moe/int_forms.h"
+#include "moe/split_codes.h"
 #include "moe_cpu/errors.h"
 #include "moe_cpu/packed_experts.h"
 
@@ -85,7 +86,7 @@ Section& section_of(Header& h, int i) { return i < 3 ? h.section[i] : i == 3 ? h
 std::array<uint64_t, kSections> expected_bytes(const PackedExperts& p) {
   const uint64_t panels = uint64_t(p.num_experts * p.num_blocks());
   const uint64_t groups = panels * uint64_t(p.num_groups()) * 16;
-  return {panels * uint64_t(p.panel_bytes()), p.scheme == Scheme::kBf16 ? 0 : groups * 4, p.has_zeros ? groups : 0,
+  return {panels * uint64_t(layout::panel_bytes(p.scheme, p.in_features)), p.scheme == Scheme::kBf16 ? 0 : groups * 4, p.has_zeros ? groups : 0,
           p.has_mins ? groups * 4 : 0, p.has_k_perm() ? uint64_t(p.num_experts * p.in_features) * 4 : 0};
 }
 
@@ -115,12 +116,13 @@ void save_packed(const PackedExperts& p, const std::string& path) {
   std::snprintf(h.kernel, sizeof h.kernel, "%s", p.kernel ? p.kernel->name : "");
   uint64_t off = align_up(kHeaderBytes);
   // Integer mins are a kernel's form: the file holds the float mins they stand for.
-  // Integer and fp16 scales likewise.
+  // Integer and fp16 scales likewise, and split codes.
   const bool form_scales = p.iscale_groups || p.half_scales;
   const AlignedBuffer fmins = p.imin_groups ? float_mins(p) : AlignedBuffer();
   const AlignedBuffer fscales = form_scales ? float_scales(p) : AlignedBuffer();
+  const AlignedBuffer codes = p.split_bits ? joined_codes(p) : AlignedBuffer();  // split codes: the int8 panels
   const auto buffer = [&](int i) -> const AlignedBuffer& {
-    return i == 3 && p.imin_groups ? fmins : i == 1 && form_scales ? fscales : section_buffer(p, i);
+    return i == 3 && p.imin_groups ? fmins : i == 1 && form_scales ? fscales : i == 0 && p.split_bits ? codes : section_buffer(p, i);
   };
   for (int i = 0; i < int(kSections); ++i) {
     const AlignedBuffer& b = buffer(i);

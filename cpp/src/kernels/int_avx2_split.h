@@ -1,0 +1,217 @@
+// int_avx2_split.h — the vpmaddubsw int8 kernel (w8a8_avx2) on split 5- / 6-bit codes (PackedExperts::split_bits,
+// layout in moe/split_codes.h; GGUF Q5_K in groups of 32, Q6_K in groups of 16): per 8-k step one load of low
+// nibbles and a shift + AND of the high-bit vector give q = w + split_zero in [0, 63] for two steps of 4 k, and
+// vpmaddubsw(q, a) + vpmaddwd sum them exactly (a step's pair <= 2 * 2 * 63 * 127 < 2^15); the group's int32 sum
+// minus split_zero * its code sum is then w . a, met by the same fp32 operations as IntAvx2 / IntAvx2G32 (block
+// scale, group scale, float mins), so every tier gives the same bits. Decode (one row) streams a panel's nibbles
+// and high bits one group at a time, both halves per step; row tiles (rows >= 2) are IntAvx2G32's: MR rows x 8
+// columns, a group's codes unpacked once for every row.
+#pragma once
+#include <immintrin.h>
+
+#include <cstring>
+#include <type_traits>
+
+#include "common/layout.h"
+#include "kernels/int_avx2.h"
+#include "kernels/int_avx2_g32.h"
+#include "kernels/isa.h"
+#include "kernels/tile_driver.h"
+#include "moe/split_codes.h"
+
+MOE_ISA_BEGIN
+
+// Bits [xb j, xb j + xb) of each byte of hv at bits [4, 4 + xb) (16-bit shifts: what crosses a byte lands outside).
+template <int kXb, int kJ>
+inline __m256i split_high(__m256i hv, __m256i mask) {
+  constexpr int s = 4 - kXb * kJ;
+  if constexpr (s > 0) return _mm256_and_si256(_mm256_slli_epi16(hv, s), mask);
+  else if constexpr (s < 0) return _mm256_and_si256(_mm256_srli_epi16(hv, -s), mask);
+  else return _mm256_and_si256(hv, mask);
+}
+
+// f(std::integral_constant<int, 0>) ... f(std::integral_constant<int, N - 1>).
+template <int N, int I = 0, class F>
+inline __attribute__((always_inline)) void split_unroll(const F& f) {
+  if constexpr (I < N) {
+    f(std::integral_constant<int, I>{});
+    split_unroll<N, I + 1>(f);
+  }
+}
+
+// The activation bytes at p in every int32 lane.
+inline __m256i split_bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// kXb high bits a code (1: 5-bit codes, 2: 6-bit), kS steps of 8 k a group (2: groups of 16, 4: of 32), kBlk: a block
+// scale per group (A8 activation blocks).
+template <int kXb, int kBlk, int kS>
+struct IntAvx2Split {
+  static constexpr int kSpv = 4 / kXb;  // steps per high-bit vector
+  static_assert(kS % kSpv == 0, "whole high-bit vectors per group");
+
+  // One row, column block b.
+  static void decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
+    const int64_t G = a.G, ri = a.row_idx[0];
+    const uint8_t* pn = w.panel(e, b);
+    const uint8_t* ph = w.qhigh.data() + (e * w.num_blocks() + b) * split_high_bytes(a.Kp, w.split_bits);
+    const int8_t* y = a.q + ri * a.Kp;
+    const int32_t* asr = a.asum + ri * G;
+    const float* bsr = kBlk ? a.bscale + ri * G : nullptr;
+    const float* asf = w.has_mins ? a.asum_f32 + ri * G : nullptr;
+    const float* sc = w.scales.as<float>();
+    const float* mins = w.has_mins && !w.imin_groups ? w.mins.as<float>() : nullptr;
+    const IntForms forms(w, e, b, G);
+    const ScaleIndex sx(w, e, b, G);
+    const GroupSidePrefetch side(w, forms, sx);
+    const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));
+    const int zc = w.split_zero;
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t gi = 0; gi < G; ++gi) {
+      side.at<1>(gi);
+      const uint8_t* gn = pn + gi * kS * 64;
+      const uint8_t* gh = ph + gi * (kS / kSpv) * 64;
+      _Pragma("GCC unroll 4") for (int t = 0; t < kS; ++t) _mm_prefetch((const char*)(gn + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
+      _Pragma("GCC unroll 2") for (int v = 0; v < kS / kSpv; ++v)
+        _mm_prefetch((const char*)(gh + v * 64 + kDecodePrefetchBytes * kXb / 4), _MM_HINT_T1);
+      __m256i s32[2];
+      s32[0] = s32[1] = _mm256_set1_epi32(-zc * asr[gi]);
+      split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
+        constexpr int t = decltype(tc)::value, j = 2 * (t % kSpv);
+        const __m256i b0 = split_bcast4(y + (gi * kS + t) * 8), b1 = split_bcast4(y + (gi * kS + t) * 8 + 4);
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
+          const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(gn + t * 64 + h * 32));
+          const __m256i hv = _mm256_load_si256(reinterpret_cast<const __m256i*>(gh + (t / kSpv) * 64 + h * 32));
+          const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low4), split_high<kXb, j>(hv, hmask));
+          const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), split_high<kXb, j + 1>(hv, hmask));
+          const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, b0), _mm256_maddubs_epi16(hi, b1));
+          s32[h] = _mm256_add_epi32(s32[h], _mm256_madd_epi16(p, ones));
+        }
+      });
+      _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
+        const __m256 sv = forms.scales(nullptr, 0, gi, h * 8, sc, sx(0, gi) + h * 8);
+        __m256 x = _mm256_cvtepi32_ps(s32[h]);
+        if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_set1_ps(bsr[gi]));
+        acc[h] = _mm256_fmadd_ps(x, sv, acc[h]);
+        if (asf) acc[h] = _mm256_fnmadd_ps(forms.mins(nullptr, 0, gi, h * 8, mins, sx(0, gi) + h * 8), _mm256_broadcast_ss(asf + gi), acc[h]);
+      }
+    }
+    alignas(32) float out[16];
+    const __m256 rs = _mm256_set1_ps(a.scale[ri]);
+    _mm256_store_ps(out, _mm256_mul_ps(acc[0], rs));
+    _mm256_store_ps(out + 8, _mm256_mul_ps(acc[1], rs));
+    std::memcpy(c, out, size_t(valid_cols(w, b)) * 4);
+  }
+
+  template <int MR, int NJ>
+  struct Micro {
+    static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
+                    int64_t ldc) {
+      static_assert(NJ == 1, "one column block per row tile (drive_even)");
+      const int64_t G = a.G;
+      const uint8_t* pn = w.panel(e, b);
+      const uint8_t* ph = w.qhigh.data() + (e * w.num_blocks() + b) * split_high_bytes(a.Kp, w.split_bits);
+      const int64_t sbase = ScaleIndex(w, e, b, G).base;
+      const float* sc = w.scales.as<float>();
+      const IntForms forms(w, e, b, G);
+      const float* mn = !w.has_mins ? nullptr : a.blk_mins ? a.blk_mins : w.mins.as<float>() + sbase;
+      const int8_t* arow[MR];
+      const float* bsr[MR];
+      const float* asf[MR];
+      const int zc = w.split_zero;
+      alignas(32) int32_t zs[MR][kG32MaxGroups];  // split_zero * code sum per row and group
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+        const int64_t ri = a.row_idx[r0 + r];
+        arow[r] = a.q + ri * a.Kp;
+        bsr[r] = kBlk ? a.bscale + ri * G : nullptr;
+        asf[r] = mn ? a.asum_f32 + ri * G : nullptr;
+        for (int64_t gi = 0; gi < G; ++gi) zs[r][gi] = zc * a.asum[ri * G + gi];
+      }
+      const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+      const __m256i hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));
+      NextGroupPrefetch<> pf(w, e, b, 1, r0, MR, a.rows, 2 * a.Kp / 8);
+      alignas(32) float out[MR][16];
+      for (int h = 0; h < 2; ++h) {
+        __m256 acc[MR];
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+        for (int64_t gi = 0; gi < G; ++gi) {
+          pf.steps(kS);
+          const uint8_t* gn = pn + gi * kS * 64 + h * 32;
+          const uint8_t* gh = ph + gi * (kS / kSpv) * 64 + h * 32;
+          const __m256 sv = forms.scales(a.blk_scales, 0, gi, h * 8, sc, sbase + gi * 16 + h * 8);
+          __m256i lo[kS], hi[kS];
+          split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
+            constexpr int t = decltype(tc)::value, j = 2 * (t % kSpv);
+            const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(gn + t * 64));
+            const __m256i hv = _mm256_load_si256(reinterpret_cast<const __m256i*>(gh + (t / kSpv) * 64));
+            lo[t] = _mm256_or_si256(_mm256_and_si256(v, low4), split_high<kXb, j>(hv, hmask));
+            hi[t] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), split_high<kXb, j + 1>(hv, hmask));
+          });
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+            // the group's activation bytes as 16-byte halves in both lanes; vpshufd picks each step's 4 + 4
+            const __m256i yl = bcast16(arow[r] + gi * kS * 8), yh = kS == 4 ? bcast16(arow[r] + gi * kS * 8 + 16) : yl;
+            __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], _mm256_shuffle_epi32(yl, 0x00)),
+                                          _mm256_maddubs_epi16(hi[0], _mm256_shuffle_epi32(yl, 0x55)));
+            __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], _mm256_shuffle_epi32(yl, 0xaa)),
+                                          _mm256_maddubs_epi16(hi[1], _mm256_shuffle_epi32(yl, 0xff)));
+            __m256i exact;
+            if constexpr (kXb == 1) {  // 5-bit codes: two steps' pairs add in int16 (<= 4 * 2 * 31 * 127)
+              exact = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones);
+            } else {
+              exact = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
+            }
+            if constexpr (kS == 4) {
+              const __m256i p2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[2], _mm256_shuffle_epi32(yh, 0x00)),
+                                                  _mm256_maddubs_epi16(hi[2], _mm256_shuffle_epi32(yh, 0x55)));
+              const __m256i p3 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[3], _mm256_shuffle_epi32(yh, 0xaa)),
+                                                  _mm256_maddubs_epi16(hi[3], _mm256_shuffle_epi32(yh, 0xff)));
+              if constexpr (kXb == 1)
+                exact = _mm256_add_epi32(exact, _mm256_madd_epi16(_mm256_add_epi16(p2, p3), ones));
+              else
+                exact = _mm256_add_epi32(exact, _mm256_add_epi32(_mm256_madd_epi16(p2, ones), _mm256_madd_epi16(p3, ones)));
+            }
+            exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(zs[r][gi]));
+            __m256 x = _mm256_cvtepi32_ps(exact);
+            if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_broadcast_ss(bsr[r] + gi));
+            acc[r] = _mm256_fmadd_ps(x, sv, acc[r]);
+            if (mn) acc[r] = _mm256_fnmadd_ps(_mm256_load_ps(mn + gi * 16 + h * 8), _mm256_broadcast_ss(asf[r] + gi), acc[r]);
+          }
+        }
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+          _mm256_store_ps(out[r] + h * 8, _mm256_mul_ps(acc[r], _mm256_set1_ps(a.scale[a.row_idx[r0 + r]])));
+      }
+      const int valid = valid_cols(w, b);
+      for (int r = 0; r < MR; ++r) std::memcpy(c + (r0 + r) * ldc, out[r], size_t(valid) * 4);
+    }
+  };
+};
+
+template <int kXb, int kBlk, int kS>
+void int8_avx2_split_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                             int64_t ldc) {
+  if (a.rows == 1) {
+    for (int64_t b = b0; b < b1; ++b) IntAvx2Split<kXb, kBlk, kS>::decode(w, e, b, a, c + (b - b0) * 16);
+    return;
+  }
+  drive_even<IntAvx2Split<kXb, kBlk, kS>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+}
+
+// The int8 GEMM on split codes: 5-bit codes in groups of 32, 6-bit in groups of 16 or 32 (derive_split_codes), per
+// token or with a block scale per group (activation blocks are never shorter than these groups).
+template <int kBlk>
+void int8_avx2_split_gemm_blk(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                              int64_t ldc) {
+  if (w.split_bits == 5) return int8_avx2_split_gemm_as<1, kBlk, 4>(w, e, b0, b1, a, c, ldc);
+  if (w.group_len() == 16) return int8_avx2_split_gemm_as<2, kBlk, 2>(w, e, b0, b1, a, c, ldc);
+  int8_avx2_split_gemm_as<2, kBlk, 4>(w, e, b0, b1, a, c, ldc);
+}
+inline void int8_avx2_split_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                                 int64_t ldc) {
+  a.bscale ? int8_avx2_split_gemm_blk<1>(w, e, b0, b1, a, c, ldc) : int8_avx2_split_gemm_blk<0>(w, e, b0, b1, a, c, ldc);
+}
+
+MOE_ISA_END

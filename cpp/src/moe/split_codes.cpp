@@ -1,0 +1,83 @@
+// split_codes.cpp — int8 panels to split 5- / 6-bit codes and back (layout: split_codes.h).
+#include "moe/split_codes.h"
+
+#include <algorithm>
+#include <atomic>
+
+#include "common/layout.h"
+#include "common/parallel.h"
+
+namespace moe_cpu {
+
+namespace {
+// The groups along K the split kernels' tiles take (int_avx2_split.h).
+constexpr int64_t kSplitMaxGroups = 512;
+}  // namespace
+
+void derive_split_codes(PackedExperts& p) {
+  if (p.split_bits || p.scheme != Scheme::kInt8W8A8 || p.a16 || p.qweight.size() == 0) return;
+  const int64_t gl = p.group_len(), K = p.in_features;
+  if ((gl != 16 && gl != 32) || K % gl || p.num_groups() > kSplitMaxGroups) return;
+  const uint8_t* u = p.qweight.data();
+  const int64_t panels = p.num_experts * p.num_blocks(), NB = p.num_blocks(), N = p.out_features;
+  const int64_t i8_bytes = layout::panel_bytes(Scheme::kInt8W8A8, K);
+  // The columns' codes (a last block's padding columns are never read: they take q = 0 below).
+  const auto valid = [&](int64_t pi) { return std::min<int64_t>(16, N - 16 * (pi % NB)); };
+  std::atomic<int> lo{255}, hi{0};
+  parallel_for(panels, [&](int64_t pi) {
+    int l = 255, h = 0;
+    const uint8_t* src = u + pi * i8_bytes;
+    for (int64_t t = 0; t < i8_bytes / 64; ++t)
+      for (int64_t b = 0; b < 4 * valid(pi); ++b) l = std::min(l, int(src[t * 64 + b])), h = std::max(h, int(src[t * 64 + b]));
+    for (int v = lo.load(); l < v && !lo.compare_exchange_weak(v, l);) {}
+    for (int v = hi.load(); h > v && !hi.compare_exchange_weak(v, h);) {}
+  });
+  const int l0 = lo.load(), span = hi.load() - l0, bits = span < 32 && gl == 32 ? 5 : span < 64 ? 6 : 0;
+  if (!bits || span < 0) return;
+  const int zero = 128 - l0;  // q = w + zero = u - l0
+  const int64_t Kp = p.padded_k(), steps = Kp / 8, spv = split_spv(bits), xb = split_xb(bits);
+  const int64_t nib_bytes = layout::panel_bytes(Scheme::kInt4W4A8, K), high_bytes = split_high_bytes(Kp, bits);
+  AlignedBuffer nib(size_t(panels * nib_bytes)), high(size_t(panels * high_bytes));
+  parallel_for(panels, [&](int64_t pi) {
+    const uint8_t* src = u + pi * i8_bytes;  // int8 step s (4 k): byte 4c + i = w(4s + i) + 128
+    uint8_t* dn = nib.data() + pi * nib_bytes;
+    uint8_t* dh = high.data() + pi * high_bytes;
+    for (int64_t t = 0; t < steps; ++t)
+      for (int64_t b = 0; b < 4 * valid(pi); ++b) {  // b = 4c + i
+        const int ql = src[(2 * t) * 64 + b] - l0, qh = src[(2 * t + 1) * 64 + b] - l0;
+        dn[t * 64 + b] = uint8_t((ql & 15) | (qh & 15) << 4);
+        const int j = int(2 * (t % spv));
+        dh[(t / spv) * 64 + b] |= uint8_t((ql >> 4) << (xb * j) | (qh >> 4) << (xb * (j + 1)));
+      }
+  });
+  p.qweight = std::move(nib), p.qhigh = std::move(high), p.split_bits = bits, p.split_zero = zero;
+}
+
+AlignedBuffer joined_codes(const PackedExperts& p) {
+  const int64_t K = p.in_features, Kp = p.padded_k(), steps = Kp / 8, panels = p.num_experts * p.num_blocks();
+  const int64_t i8_bytes = layout::panel_bytes(Scheme::kInt8W8A8, K), nib_bytes = p.panel_bytes();
+  const int64_t high_bytes = split_high_bytes(Kp, p.split_bits), spv = split_spv(p.split_bits), xb = split_xb(p.split_bits);
+  const int mask = (1 << xb) - 1, shift = 128 - p.split_zero;  // u = q - zero + 128
+  const int64_t NB = p.num_blocks(), N = p.out_features;
+  AlignedBuffer out(size_t(panels * i8_bytes));  // padding columns stay 0, as the packers leave them
+  parallel_for(panels, [&](int64_t pi) {
+    const uint8_t* sn = p.qweight.data() + pi * nib_bytes;
+    const uint8_t* sh = p.qhigh.data() + pi * high_bytes;
+    uint8_t* d = out.data() + pi * i8_bytes;
+    const int64_t valid = std::min<int64_t>(16, N - 16 * (pi % NB));
+    for (int64_t t = 0; t < steps; ++t)
+      for (int64_t b = 0; b < 4 * valid; ++b) {
+        const int j = int(2 * (t % spv)), hv = sh[(t / spv) * 64 + b];
+        d[(2 * t) * 64 + b] = uint8_t(((sn[t * 64 + b] & 15) | (hv >> (xb * j) & mask) << 4) + shift);
+        d[(2 * t + 1) * 64 + b] = uint8_t((sn[t * 64 + b] >> 4 | (hv >> (xb * (j + 1)) & mask) << 4) + shift);
+      }
+  });
+  return out;
+}
+
+void join_split_codes(PackedExperts& p) {
+  if (!p.split_bits) return;
+  p.qweight = joined_codes(p), p.qhigh = AlignedBuffer(), p.split_bits = 0, p.split_zero = 0;
+}
+
+}  // namespace moe_cpu

@@ -65,6 +65,9 @@ const FormCase kForms[] = {
     {"Int8_6bit_G32_KScales_M5", false, nullptr, false, 5, 40, 512, 32, false, true, -20, 43},
     {"Int8_6bit_G16_Top_M6", false, nullptr, false, 6, 32, 256, 16, false, false, -32, 31, true},
     {"Int8_5bit_G32_Top_M1", false, nullptr, false, 1, 32, 256, 32, false, false, 0, 31, true},
+    {"Int8_5bit_G32_Mins_M13", false, nullptr, true, 13, 40, 320, 32, false, false, 0, 31},      // int8 row tiles
+    {"Int8_6bit_G16_KScales_M14", false, nullptr, false, 14, 40, 256, 16, false, true, -32, 31},
+    {"Int8_6bit_G16_Top_M12", false, nullptr, false, 12, 48, 128, 16, false, false, -32, 31, true},
 };
 
 class WeightFormTest : public ::testing::TestWithParam<const KernelDesc*> {};

@@ -29,7 +29,8 @@ inline int split_q(const PackedExperts& p, int64_t e, int64_t n, int64_t k) {
 }
 
 // Splits p's int8 panels (kernel forms, set_kernel): when p is int8 A8 with groups of 16 or 32 along all of K (at most
-// 512 of them), 5-bit codes only in groups of 32, and every value (padding included) within 2^5 or 2^6 of the least.
+// 512 of them), 5-bit codes only in groups of 32, and every value of its columns within 2^5 or 2^6 of the least (a last
+// block's padding columns, never read, take q = 0).
 void derive_split_codes(PackedExperts& p);
 // The int8 panels of split codes (w + 128 per byte), for files and for kernels without the form.
 AlignedBuffer joined_codes(const PackedExperts& p);

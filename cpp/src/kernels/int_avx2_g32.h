@@ -45,6 +45,38 @@ inline __m256i bcast16(const int8_t* p) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// A row tile's rows (IntAvx2G32, IntAvx2Split): each row's activation codes, block scales (kBlk), fp32 code sums
+// (weights with mins) and zc * its code sum per group; finish() takes a group's exact int32 sums to the fp32 sum with
+// IntAvx2's epilogue (minus zc * code sum, converted, times the block scale, fmadd with the group scale sv, minus
+// min * the group's scaled code sum).
+template <int MR, int kBlk>
+struct G32Rows {
+  const int8_t* arow[MR];
+  const float* bsr[MR];
+  const float* asf[MR];
+  int zc;
+  alignas(32) int32_t zs[MR][kG32MaxGroups];
+  G32Rows(const ActRows& a, int64_t r0, int64_t G, bool mins, int zc_) : zc(zc_) {
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+      const int64_t ri = a.row_idx[r0 + r];
+      arow[r] = a.q + ri * a.Kp;
+      bsr[r] = kBlk ? a.bscale + ri * G : nullptr;
+      asf[r] = mins ? a.asum_f32 + ri * G : nullptr;
+      if (zc)
+        for (int64_t gi = 0; gi < G; ++gi) zs[r][gi] = zc * a.asum[ri * G + gi];
+    }
+  }
+  // mn: the mins of the group's 8 columns, or nullptr.
+  __attribute__((always_inline)) __m256 finish(int r, int64_t gi, __m256i exact, __m256 sv, const float* mn, __m256 acc) const {
+    if (zc) exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(zs[r][gi]));
+    __m256 x = _mm256_cvtepi32_ps(exact);
+    if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_broadcast_ss(bsr[r] + gi));
+    acc = _mm256_fmadd_ps(x, sv, acc);
+    if (mn) acc = _mm256_fnmadd_ps(_mm256_load_ps(mn), _mm256_broadcast_ss(asf[r] + gi), acc);
+    return acc;
+  }
+};
+
 // kInt4: int4 codes C in groups of 32 (P = 2); else int8 in groups of 16 P.
 template <bool kInt4, Codes C, int kBlk, int P>
 struct IntAvx2G32 {
@@ -59,20 +91,9 @@ struct IntAvx2G32 {
       const float* sc = w.scales.as<float>();
       const IntForms forms(w, e, b, G);  // scales: a.blk_scales, fp16, integer or fp32, [G][16] from sbase
       const float* mn = !w.has_mins ? nullptr : a.blk_mins ? a.blk_mins : w.mins.as<float>() + sbase;
-      const int8_t* arow[MR];
-      const float* bsr[MR];
-      const float* asf[MR];
       constexpr int64_t gl = 16 * P, gbytes = kInt4 ? 8 * gl : 16 * gl;  // a group's bytes in one half-panel
-      const int zc = kInt4 && C == Codes::kPlain ? w.code_zero : 0;
-      alignas(32) int32_t zs[MR][kG32MaxGroups];  // code_zero * code sum per row and group
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-        const int64_t ri = a.row_idx[r0 + r];
-        arow[r] = a.q + ri * a.Kp;
-        bsr[r] = kBlk ? a.bscale + ri * G : nullptr;
-        asf[r] = mn ? a.asum_f32 + ri * G : nullptr;
-        if (zc)
-          for (int64_t gi = 0; gi < G; ++gi) zs[r][gi] = zc * a.asum[ri * G + gi];
-      }
+      const G32Rows<MR, kBlk> rows(a, r0, G, mn != nullptr, kInt4 && C == Codes::kPlain ? w.code_zero : 0);
+      const auto& arow = rows.arow;
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
       const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
           C == Codes::kSigned ? (const void*)w.codebook : (const void*)w.code_table)));
@@ -88,12 +109,9 @@ struct IntAvx2G32 {
           const uint8_t* pg = ph + gi * gbytes;
           const __m256 sv = forms.scales(a.blk_scales, 0, gi, h * 8, sc, sbase + gi * 16 + h * 8);
           // One row's group: the exact int32 sums to the fp32 sum, as IntAvx2's epilogue.
+          const float* mg = mn ? mn + gi * 16 + h * 8 : nullptr;
           const auto finish = [&](int r, __m256i exact) __attribute__((always_inline)) {
-            if (zc) exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(zs[r][gi]));
-            __m256 x = _mm256_cvtepi32_ps(exact);
-            if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_broadcast_ss(bsr[r] + gi));
-            acc[r] = _mm256_fmadd_ps(x, sv, acc[r]);
-            if (mn) acc[r] = _mm256_fnmadd_ps(_mm256_load_ps(mn + gi * 16 + h * 8), _mm256_broadcast_ss(asf[r] + gi), acc[r]);
+            acc[r] = rows.finish(r, gi, exact, sv, mg, acc[r]);
           };
           if constexpr (kInt4 && C == Codes::kPlain) {
             __m256i lo[4], hi[4];

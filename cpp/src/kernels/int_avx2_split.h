@@ -119,18 +119,8 @@ struct IntAvx2Split {
       const float* sc = w.scales.as<float>();
       const IntForms forms(w, e, b, G);
       const float* mn = !w.has_mins ? nullptr : a.blk_mins ? a.blk_mins : w.mins.as<float>() + sbase;
-      const int8_t* arow[MR];
-      const float* bsr[MR];
-      const float* asf[MR];
-      const int zc = w.split_zero;
-      alignas(32) int32_t zs[MR][kG32MaxGroups];  // split_zero * code sum per row and group
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-        const int64_t ri = a.row_idx[r0 + r];
-        arow[r] = a.q + ri * a.Kp;
-        bsr[r] = kBlk ? a.bscale + ri * G : nullptr;
-        asf[r] = mn ? a.asum_f32 + ri * G : nullptr;
-        for (int64_t gi = 0; gi < G; ++gi) zs[r][gi] = zc * a.asum[ri * G + gi];
-      }
+      const G32Rows<MR, kBlk> rows(a, r0, G, mn != nullptr, w.split_zero);
+      const auto& arow = rows.arow;
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
       const __m256i hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));
       NextGroupPrefetch<> pf(w, e, b, 1, r0, MR, a.rows, 2 * a.Kp / 8);
@@ -174,11 +164,7 @@ struct IntAvx2Split {
               else
                 exact = _mm256_add_epi32(exact, _mm256_add_epi32(_mm256_madd_epi16(p2, ones), _mm256_madd_epi16(p3, ones)));
             }
-            exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(zs[r][gi]));
-            __m256 x = _mm256_cvtepi32_ps(exact);
-            if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_broadcast_ss(bsr[r] + gi));
-            acc[r] = _mm256_fmadd_ps(x, sv, acc[r]);
-            if (mn) acc[r] = _mm256_fnmadd_ps(_mm256_load_ps(mn + gi * 16 + h * 8), _mm256_broadcast_ss(asf[r] + gi), acc[r]);
+            acc[r] = rows.finish(r, gi, exact, sv, mn ? mn + gi * 16 + h * 8 : nullptr, acc[r]);
           }
         }
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)

@@ -379,7 +379,7 @@ template <int NJ, int ND>
 void int8_avx2_g32_gemm(int P, const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                         int64_t ldc);
 inline void int8_avx2_split_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
-                          int64_t ldc);  // int_avx2_split.h: split 5- / 6-bit codes
+                                 int64_t ldc);  // int_avx2_split.h: split 5- / 6-bit codes
 
 // The int4 GEMM of dot D with codes C: groups of 32 in IntAvx2G32's row tiles where they fit, else IntAvx2.
 template <IntDot D, Codes C, int MR, int NJ, int ND, int kBlk>

@@ -36,6 +36,12 @@ What it times (median over ``--reps`` rounds after warm-up; ik and moe_cpu inter
              called on M random float32 rows [M, 2048] with ``moe_cpu.set_num_threads(--threads)``. This
              includes moe_cpu's router (logits, softmax, top-k), which the ik number does not; the column
              "mc exp" times ``moe_cpu.fused_experts`` alone on precomputed routing for comparison.
+    read:    the host's read bandwidth in the same rounds (``moe_cpu._core.ReadBuffer``: aligned loads over a
+             1 GiB first-touched buffer in huge pages with --threads threads, the best of 2 passes per round and M,
+             after the same pause),
+             so each M also gets "mc exp % bw" and "ik % bw": the expert bytes the call touches (the expected
+             distinct experts of M random routings; moe_cpu's packing, ik's GGUF blocks) per second of the call,
+             as a share of that median bandwidth. ``--no-bw`` leaves the probe out.
 
 What it measures for error (relative L2 of the MoE block output, over the M rows)
     The reference is float64 NumPy: the quantized file's expert tensors (gate / up / down) and router
@@ -491,7 +497,7 @@ def host_info(ik: Ik) -> Dict[str, object]:
 
 # ------------------------------------------------------------------------------------------------ one type
 def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfiles: Dict[str, str],
-               Ms: List[int]) -> Dict[str, object]:
+               Ms: List[int], bw_buf=None) -> Dict[str, object]:
     import moe_cpu as mc
 
     full, twin = qfiles["full"], qfiles["twin"]
@@ -560,7 +566,7 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
             est[M] = max(est[M], mc_layer(M))
             mc_experts(M)
             time.sleep(SWITCH_PAUSE_S)
-    T = {M: {"mc": [], "mc_exp": [], **{c.name(): {"full": [], "twin": []} for c in configs}} for M in Ms}
+    T = {M: {"mc": [], "mc_exp": [], "bw": [], **{c.name(): {"full": [], "twin": []} for c in configs}} for M in Ms}
 
     def timed(fn, M):
         short = est[M] < SHORT_S
@@ -581,7 +587,12 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
                 T[M]["mc"] += timed(mc_layer, M)
                 T[M]["mc_exp"] += timed(mc_experts, M)
 
-            for f in ((run_ik, run_mc) if r % 2 == 0 else (run_mc, run_ik)):
+            def run_bw():
+                if bw_buf is not None:
+                    time.sleep(SWITCH_PAUSE_S)
+                    T[M]["bw"].append(bw_buf.read_gbs(args.threads, 2))
+
+            for f in ((run_ik, run_mc, run_bw) if r % 2 == 0 else (run_bw, run_mc, run_ik)):
                 f()
     for c in configs:
         ik.free(ctxs[c][0]), ik.free(ctxs[c][1])
@@ -635,6 +646,9 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
         b = d["ik"][best]["ms"] / 1e3
         d["ik_GBps"] = res["gguf_expert_bytes"] * touched / b / 1e9 if b > 0 else float("nan")
         d["mc_GBps"] = res["mc"]["nbytes"] * touched / (d["mc_ms"] / 1e3) / 1e9
+        d["mc_exp_GBps"] = res["mc"]["nbytes"] * touched / (d["mc_exp_ms"] / 1e3) / 1e9
+        d["read_GBps"] = float(np.median(T[M]["bw"])) if T[M]["bw"] else float("nan")
+        d["read_GBps_range"] = [float(min(T[M]["bw"])), float(max(T[M]["bw"]))] if T[M]["bw"] else []
         per_m[M] = d
     res["M"] = per_m
     for mf, mt in models.values():
@@ -661,6 +675,12 @@ def print_type(res: Dict[str, object]) -> None:
               f"{d['mc_exp_ms']:>9.3f} | {d['ik_GBps']:>7.1f} | {d['mc_GBps']:>7.1f} | "
               f"{b['err']:>8.2e} | {d['mc_err']:>8.2e} | {d['ik_best']}")
     for M, d in res["M"].items():
+        if d["read_GBps_range"]:
+            lo, hi = d["read_GBps_range"]
+            print(f"   M={M:<4} read bandwidth in the same rounds {d['read_GBps']:.1f} GB/s (median; {lo:.1f}-{hi:.1f}): "
+                  f"moe_cpu experts {d['mc_exp_GBps']:.1f} GB/s = {100 * d['mc_exp_GBps'] / d['read_GBps']:.0f}%, "
+                  f"layer {100 * d['mc_GBps'] / d['read_GBps']:.0f}%; ik MoE {100 * d['ik_GBps'] / d['read_GBps']:.0f}%")
+    for M, d in res["M"].items():
         print(f"   ik M={M:<4} per config, MoE ms = full - twin (err): " + "  ".join(
             f"{k} {v['ms']:.3f} = {v['full_ms']:.3f} - {v['twin_ms']:.3f} ({v['err']:.2e})"
             for k, v in d["ik"].items()))
@@ -686,6 +706,7 @@ def main() -> None:
     ap.add_argument("--work-dir", default="/tmp/ik_peer_models", help="GGUF cache (default /tmp/ik_peer_models)")
     ap.add_argument("--base-dtype", choices=("f16", "f32"), default="f16", help="experts in the base file")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-bw", action="store_true", help="leave out the read-bandwidth probe of each round")
     ap.add_argument("--out", help="write all results as JSON here")
     ap.add_argument("--prepare-only", action="store_true", help="write and quantize the GGUF files, then exit")
     ap.add_argument("--list-nodes", action="store_true",
@@ -731,6 +752,7 @@ def main() -> None:
         bases[kind] = p
 
     qbin = ik.quantize_bin()
+    bw_buf = None if args.no_bw else mc._core.ReadBuffer(1 << 30)
     results = {"host": host, "shape": asdict(sh), "threads": args.threads, "reps": args.reps, "M": Ms,
                "configs": [c.name() for c in configs], "types": {}, "quantize_notes": {}, "failed": {}}
     for typ in types:
@@ -759,7 +781,7 @@ def main() -> None:
             if ik.batch is None:
                 ik.make_batch(max(Ms), sh.n_vocab, args.seed)
             t0 = time.perf_counter()
-            res = bench_type(typ, args, sh, ik, configs, qfiles, Ms)
+            res = bench_type(typ, args, sh, ik, configs, qfiles, Ms, bw_buf)
             res["wall_s"] = time.perf_counter() - t0
             res["loadavg_after"] = os.getloadavg()
             results["types"][typ] = res
@@ -781,6 +803,12 @@ def main() -> None:
             b = d["ik"][d["ik_best"]]["ms"]
             cells.append(f"| {b:8.2f} {d['mc_ms']:8.2f} {b / d['mc_ms']:5.2f} ")
         print(f"   {typ:7} " + " ".join(cells))
+    if bw_buf is not None:
+        print("   experts' share of the read bandwidth measured in the same rounds (moe_cpu fused_experts / ik MoE):")
+        for typ, res in results["types"].items():
+            print(f"   {typ:7} " + " ".join(
+                f"| M={M:<4} {100 * d['mc_exp_GBps'] / d['read_GBps']:3.0f}% / {100 * d['ik_GBps'] / d['read_GBps']:3.0f}% "
+                f"of {d['read_GBps']:.1f} GB/s " for M, d in res["M"].items()))
     for typ, err in results["failed"].items():
         print(f"   {typ}: failed: {err}")
 

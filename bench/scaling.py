@@ -12,7 +12,8 @@ What it runs
 What it prints, per thread count t
     tokens/s at each M; parallel efficiency = tokens/s(t) / (t * tokens/s(1)); for decode, the bytes of the
     experts it reads per call (8 experts' w13 + w2) per second, as a share of the read bandwidth measured at t
-    threads in the same run (``moe_cpu._core.ReadBuffer``: streaming loads over a 1 GiB first-touched buffer).
+    threads in the same run (``moe_cpu._core.ReadBuffer``: aligned loads over a 1 GiB first-touched buffer in huge
+    pages, as the kernels read weights).
     Targets (issue 41): at least 80% efficiency from 1 to 16 threads at M = 1024, decode at 80% or more of the
     16-thread read bandwidth.
 

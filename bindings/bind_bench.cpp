@@ -22,7 +22,7 @@ void bind_bench(py::module_& m) {
         if (threads < 1 || reps < 1) throw moe_cpu::ValueError("threads and reps must be >= 1");
         py::gil_scoped_release nogil;
         return read_bandwidth_gbs(self.b, threads, reps);
-      }, py::arg("threads"), py::arg("reps"), "Best GB/s of `reps` full passes with streaming loads.");
+      }, py::arg("threads"), py::arg("reps"), "Best GB/s of `reps` full passes with the widest aligned loads.");
   m.def("peak_instructions", [] {
     py::list out;
     for (const PeakInsn& p : peak_instructions()) {

@@ -62,6 +62,10 @@ const FormCase kForms[] = {
     {"Int8_6bit_G16_M11", false, nullptr, false, 11, 37, 272, 16, false, false, -32, 31},
     {"Int8_5bit_G32_Mins_M1", false, nullptr, true, 1, 80, 256, 32, false, false, 0, 31},        // Q5_K codes
     {"Int8_5bit_G32_KMins_M9", false, nullptr, true, 9, 37, 320, 32, true, false, 0, 31},
+    {"Int8_5bit_G32_KMins_M1", false, nullptr, true, 1, 40, 320, 32, true, false, 0, 31},  // split decode, int mins
+    {"Int8_5bit_G32_KScales_KMins_M1", false, nullptr, true, 1, 64, 512, 32, true, true, 0, 31},  // Q5_K as files hold it
+    {"Int8_5bit_G32_KScales_KMins_M8", false, nullptr, true, 8, 37, 512, 32, true, true, 0, 31},
+    {"Int8_5bit_G32_KMins_M20", false, nullptr, true, 20, 40, 256, 32, true, false, 0, 31},  // mins widened per block
     {"Int8_6bit_G32_KScales_M5", false, nullptr, false, 5, 40, 512, 32, false, true, -20, 43},
     {"Int8_6bit_G16_Top_M6", false, nullptr, false, 6, 32, 256, 16, false, false, -32, 31, true},
     {"Int8_5bit_G32_Top_M1", false, nullptr, false, 1, 32, 256, 32, false, false, 0, 31, true},
@@ -117,7 +121,7 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
                              : pack_int8(q.data(), E, N, K, s.data(), c.group, c.mins ? mn.data() : nullptr, a16);
     if (kd->supports && !kd->supports(p)) continue;
     set_kernel(p, kd);
-    if (c.kquant) EXPECT_EQ(p.imin_groups, kd->int_mins ? 8 : 0) << "integer mins";
+    if (c.kquant) EXPECT_EQ(p.imin_groups, kd->int_mins || p.split_bits ? 8 : 0) << "integer mins";
     if (c.kscales) EXPECT_EQ(p.iscale_groups, kd->int_scales ? 8 : 0) << "integer scales";
     if (!c.int4 && c.lo8 > -128)
       EXPECT_EQ(p.split_bits, kd->split_codes ? (c.hi8 - c.lo8 < 32 && c.group == 32 ? 5 : 6) : 0) << "split codes";
@@ -160,6 +164,13 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
       twin->gemm(p, e, 0, p.num_blocks(), acts.view(p, R), ref.data(), N);
       for (size_t i = 0; i < got.size(); ++i)
         ASSERT_EQ(float_to_bits(got[i]), float_to_bits(ref[i])) << kd->name << " vs " << twin->name << " at " << i;
+    }
+    if (p.split_bits && p.imin_groups) {  // split codes widen integer mins to the float mins: the same bits
+      p.mins = float_mins(p), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer(), p.imin_groups = 0;
+      std::vector<float> fl(got.size(), NAN);
+      kd->gemm(p, e, 0, p.num_blocks(), acts.view(p, R), fl.data(), N);
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(float_to_bits(got[i]), float_to_bits(fl[i])) << kd->name << " integer vs float mins at " << i;
     }
     if (extremes && !a16) {  // integer sums at their largest: exact (A16's sums outgrow fp32's 24 bits: to 1e-6)
       for (int64_t i = 0; i < R * N; ++i) ASSERT_EQ(double(got[size_t(i)]), double(float(want[size_t(i)]))) << kd->name << " at " << i;
@@ -224,7 +235,7 @@ TEST_P(WeightFormTest, ActivationBlocksMatchDequantizedMath) {
       set_kernel(p, kd);
       // integer mins stay: per run times its block scale (B = 256 over a K-quant's 8 x 32), or as fp32 against
       // the groups' fp32 code sums (shorter blocks)
-      EXPECT_EQ(p.imin_groups, c.kquant && kd->int_mins ? 8 : 0) << "integer mins";
+      EXPECT_EQ(p.imin_groups, c.kquant && (kd->int_mins || p.split_bits) ? 8 : 0) << "integer mins";
       ++ran;
       // activations whose blocks differ in range by 2^10, so a per-row scale would lose the small blocks
       auto x = test::gaussian(g, size_t(R * K));

@@ -161,10 +161,13 @@ def test_one_expert_and_k_equal_to_e(rng, E, k):
 
 
 def int_form_kernel(p):
-    """Whether p's kernel takes the integer K-quant forms: the x86 int4 kernels, and int8 on AVX-512 VNNI and AMX."""
+    """Whether p's kernel takes the integer K-quant forms: the x86 int4 kernels, int8 on AVX-512 VNNI and AMX, and
+    int8 split codes (the AVX2 kernel's 5- / 6-bit form)."""
     isa = kernel_isa(p.kernel)
     amx = ("amx", "amx_model")
-    return isa in (("avx512vnni", "avx2", "avx2vnni") + amx if p.scheme == "int4_w4a8" else ("avx512vnni",) + amx)
+    int4 = p.scheme == "int4_w4a8"
+    return isa in (("avx512vnni", "avx2", "avx2vnni") + amx if int4 else ("avx512vnni",) + amx) or \
+        (not int4 and p.code_bits in (5, 6))
 
 
 @pytest.mark.parametrize("form", ["q4k_dmin", "q5k_dmin", "q4k", "q5k"])
@@ -292,6 +295,8 @@ def test_narrow_int8_codes_run_split_on_avx2(rng, tmp_path, form, bits):
     r2, p2 = form_weights(rng, "q6k", E, H, I)
     split = split_code_kernel(p13) and bits < 8
     assert p13.code_bits == (bits if split else 8)
+    if split:   # split codes take integer mins (q5k_ks: dmin * 6-bit m), widened to the same float mins per group
+        assert p13.has_int_mins == (form == "q5k_ks")
     assert p2.code_bits == (6 if split_code_kernel(p2) else 8)
     np.testing.assert_array_equal(p13.unpack_quantized()["qweight"], r13.codes)
     x = make_input(rng, 37, H)

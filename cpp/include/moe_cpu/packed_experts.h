@@ -73,7 +73,7 @@ struct PackedExperts {
   // int schemes, optional (GPTQ act-order): int32 [E, K]; packed input channel j of expert e is
   // channel k_perm[e][j] of the activations (fused_experts gathers them). Empty: the identity.
   AlignedBuffer k_perm;
-  // Integer mins (int schemes with mins, for a kernel with KernelDesc::int_mins, when they factor
+  // Integer mins (int schemes with mins, for a kernel with KernelDesc::int_mins or on split codes, when they factor
   // exactly): m = dmin * imin, imin int8, one dmin per column and run of imin_groups groups (as
   // K-quants store them). The kernel then sums imin * (activation code sums) in int32 per run and
   // multiplies by dmin once; `mins` is dropped (min() recomputes the same floats).

@@ -4,6 +4,7 @@
 #include "bench/machine_limits.h"
 
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -26,9 +27,13 @@ struct ReadBuffer {
 };
 
 ReadBuffer* make_read_buffer(size_t bytes) {
-  bytes = std::max<size_t>(bytes / 4096 * 4096, 4096);
-  auto* p = static_cast<uint8_t*>(std::aligned_alloc(4096, bytes));
+  bytes = std::max<size_t>(bytes, 4096);
+  bytes = (bytes + (size_t(1) << 21) - 1) & ~((size_t(1) << 21) - 1);
+  auto* p = static_cast<uint8_t*>(std::aligned_alloc(size_t(1) << 21, bytes));
   if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  madvise(p, bytes, MADV_HUGEPAGE);  // as the packed weights (packed_experts.cpp)
+#endif
 #pragma omp parallel for
   for (size_t i = 0; i < bytes; i += 4096) std::memset(p + i, int(i >> 12), 4096);
   return new ReadBuffer{p, bytes};
@@ -58,10 +63,10 @@ uint64_t read_scalar(const uint8_t* p, size_t n) {
 __attribute__((target("avx512f"))) uint64_t read_avx512(const uint8_t* p, size_t n) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
   for (size_t i = 0; i < n; i += 256) {
-    a0 = _mm512_xor_si512(a0, _mm512_stream_load_si512((void*)(p + i)));
-    a1 = _mm512_xor_si512(a1, _mm512_stream_load_si512((void*)(p + i + 64)));
-    a2 = _mm512_xor_si512(a2, _mm512_stream_load_si512((void*)(p + i + 128)));
-    a3 = _mm512_xor_si512(a3, _mm512_stream_load_si512((void*)(p + i + 192)));
+    a0 = _mm512_xor_si512(a0, _mm512_load_si512((const void*)(p + i)));
+    a1 = _mm512_xor_si512(a1, _mm512_load_si512((const void*)(p + i + 64)));
+    a2 = _mm512_xor_si512(a2, _mm512_load_si512((const void*)(p + i + 128)));
+    a3 = _mm512_xor_si512(a3, _mm512_load_si512((const void*)(p + i + 192)));
   }
   const __m512i x = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
   return uint64_t(_mm512_reduce_add_epi64(x));
@@ -70,10 +75,10 @@ __attribute__((target("avx512f"))) uint64_t read_avx512(const uint8_t* p, size_t
 __attribute__((target("avx2"))) uint64_t read_avx2(const uint8_t* p, size_t n) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
   for (size_t i = 0; i < n; i += 128) {
-    a0 = _mm256_xor_si256(a0, _mm256_stream_load_si256((const __m256i*)(p + i)));
-    a1 = _mm256_xor_si256(a1, _mm256_stream_load_si256((const __m256i*)(p + i + 32)));
-    a2 = _mm256_xor_si256(a2, _mm256_stream_load_si256((const __m256i*)(p + i + 64)));
-    a3 = _mm256_xor_si256(a3, _mm256_stream_load_si256((const __m256i*)(p + i + 96)));
+    a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i*)(p + i)));
+    a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i*)(p + i + 32)));
+    a2 = _mm256_xor_si256(a2, _mm256_load_si256((const __m256i*)(p + i + 64)));
+    a3 = _mm256_xor_si256(a3, _mm256_load_si256((const __m256i*)(p + i + 96)));
   }
   const __m256i x = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
   return uint64_t(_mm256_extract_epi64(x, 0) ^ _mm256_extract_epi64(x, 3));

@@ -1,6 +1,7 @@
 // machine_limits.h — what this machine can do, measured in the same process as the benchmark:
-// read bandwidth (AVX-512 / AVX2 streaming loads, plain 64-bit loads elsewhere) and register-only
-// peaks of the instructions the kernels are made of (inline asm, independent accumulators).
+// read bandwidth (AVX-512 / AVX2 aligned loads over huge pages, as the kernels read weights; plain 64-bit loads
+// elsewhere) and register-only peaks of the instructions the kernels are made of (inline asm, independent
+// accumulators).
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -67,7 +67,7 @@ struct KernelDesc {
   // AMX kernels' A tiles; nullptr: never); the pipeline then gathers GEMM1's rows once per task.
   bool (*gathers_rows)(const PackedExperts& w, int64_t rows) = nullptr;
   bool half_scales = false;  // int schemes: takes fp16 scales (PackedExperts::half_scales)
-  bool split_codes = false;  // int8: takes split 5- / 6-bit codes (PackedExperts::split_bits)
+  bool split_codes = false;  // int8: takes split 5- / 6-bit codes (PackedExperts::split_bits), and with them integer mins
 };
 
 // Best registered kernel for `w` (scheme and shape set) under the active features; the

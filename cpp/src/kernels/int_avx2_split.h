@@ -3,14 +3,18 @@
 // nibbles and a shift + AND of the high-bit vector give q = w + split_zero in [0, 63] for two steps of 4 k, and
 // vpmaddubsw(q, a) + vpmaddwd sum them exactly (a step's pair <= 2 * 2 * 63 * 127 < 2^15); the group's int32 sum
 // minus split_zero * its code sum is then w . a, met by the same fp32 operations as IntAvx2 / IntAvx2G32 (block
-// scale, group scale, float mins), so every tier gives the same bits. Decode (one row) streams a panel's nibbles
+// scale, group scale, float mins), so every tier gives the same bits. Integer mins (Q5_K's dmin * 6-bit m, read as
+// 2 bytes a group and 16 columns instead of 64) are widened to those same float mins per group (IntForms::mins), in
+// decode and row tiles alike: the same bits as float mins. Decode (one row) streams a panel's nibbles
 // and high bits one group at a time, both halves per step; row tiles (rows >= 2) are IntAvx2G32's: MR rows x 8
 // columns, a group's codes unpacked once for every row.
 #pragma once
 #include <immintrin.h>
 
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "common/layout.h"
 #include "kernels/int_avx2.h"
@@ -66,7 +70,7 @@ struct IntAvx2Split {
     const float* mins = w.has_mins && !w.imin_groups ? w.mins.as<float>() : nullptr;
     const IntForms forms(w, e, b, G);
     const ScaleIndex sx(w, e, b, G);
-    const GroupSidePrefetch side(w, forms, sx);
+    const GroupSidePrefetch side(w, forms, sx, true);
     const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const __m256i hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));
     const int zc = w.split_zero;
@@ -118,8 +122,11 @@ struct IntAvx2Split {
       const int64_t sbase = ScaleIndex(w, e, b, G).base;
       const float* sc = w.scales.as<float>();
       const IntForms forms(w, e, b, G);
-      const float* mn = !w.has_mins ? nullptr : a.blk_mins ? a.blk_mins : w.mins.as<float>() + sbase;
-      const G32Rows<MR, kBlk> rows(a, r0, G, mn != nullptr, w.split_zero);
+      // float mins, integer ones (Q5_K) widened once per column block (a.blk_mins) or per group and 8 columns for all
+      // the tile's rows
+      const bool widen = forms.imn && !a.blk_mins;
+      const float* mn = !w.has_mins || widen ? nullptr : a.blk_mins ? a.blk_mins : w.mins.as<float>() + sbase;
+      const G32Rows<MR, kBlk> rows(a, r0, G, w.has_mins, w.split_zero);
       const auto& arow = rows.arow;
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
       const __m256i hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));
@@ -133,6 +140,9 @@ struct IntAvx2Split {
           const uint8_t* gn = pn + gi * kS * 64 + h * 32;
           const uint8_t* gh = ph + gi * (kS / kSpv) * 64 + h * 32;
           const __m256 sv = forms.scales(a.blk_scales, 0, gi, h * 8, sc, sbase + gi * 16 + h * 8);
+          alignas(32) float imv[8];
+          if (widen) _mm256_store_ps(imv, forms.mins(nullptr, 0, gi, h * 8, nullptr, 0));
+          const float* gmn = widen ? imv : mn ? mn + gi * 16 + h * 8 : nullptr;
           __m256i lo[kS], hi[kS];
           split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
             constexpr int t = decltype(tc)::value, j = 2 * (t % kSpv);
@@ -164,7 +174,7 @@ struct IntAvx2Split {
               else
                 exact = _mm256_add_epi32(exact, _mm256_add_epi32(_mm256_madd_epi16(p2, ones), _mm256_madd_epi16(p3, ones)));
             }
-            acc[r] = rows.finish(r, gi, exact, sv, mn ? mn + gi * 16 + h * 8 : nullptr, acc[r]);
+            acc[r] = rows.finish(r, gi, exact, sv, gmn, acc[r]);
           }
         }
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
@@ -183,7 +193,21 @@ void int8_avx2_split_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int6
     for (int64_t b = b0; b < b1; ++b) IntAvx2Split<kXb, kBlk, kS>::decode(w, e, b, a, c + (b - b0) * 16);
     return;
   }
-  drive_even<IntAvx2Split<kXb, kBlk, kS>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+  if (!w.imin_groups || a.rows <= 2 * kG32Rows)  // integer mins: widened per row tile (Q5_K at M = 128: one a block)
+    return drive_even<IntAvx2Split<kXb, kBlk, kS>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+  // three row tiles or more a block: its integer mins widened once for all of them (Q5_K, M = 512, against float
+  // mins: 1.034 per tile, 1.006-1.029 so)
+  thread_local std::vector<float> buf;
+  buf.resize(size_t(a.G * 16) + 8);
+  float* blk = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 31) & ~uintptr_t(31));
+  ActRows ab = a;
+  ab.blk_mins = blk;
+  for (int64_t b = b0; b < b1; ++b) {
+    const IntForms forms(w, e, b, a.G);
+    for (int64_t gi = 0; gi < a.G; ++gi)
+      for (int c8 = 0; c8 < 16; c8 += 8) _mm256_store_ps(blk + gi * 16 + c8, forms.mins(nullptr, 0, gi, c8, nullptr, 0));
+    drive_even<IntAvx2Split<kXb, kBlk, kS>::template Micro, kG32Rows>(w, e, b, b + 1, ab, c + (b - b0) * 16, ldc);
+  }
 }
 
 // The int8 GEMM on split codes: 5-bit codes in groups of 32, 6-bit in groups of 16 or 32 (derive_split_codes), per

@@ -145,9 +145,10 @@ struct IntFormBlock {
 // tried on a Zen 5, paired A/B: 4 KiB best; docs/performance.md).
 constexpr int64_t kDecodePrefetchBytes = 4096;
 
-// Decode's prefetch of each panel's scale-group side data (fp32 or integer-form scales, fp32 mins, zero points),
-// kSideAhead groups ahead of use (past the panel's last group: the next panel's, which decode reads next). Decode
-// prefetches the panels itself; without this, the scale loads of Q4_0 decode held a third of its kernel's samples.
+// Decode's prefetch of each panel's scale-group side data (fp32 or integer-form scales, fp32 or integer mins, zero
+// points), kSideAhead groups ahead of use (past the panel's last group: the next panel's, which decode reads next).
+// Decode prefetches the panels itself; without this, the scale loads of Q4_0 decode held a third of its kernel's
+// samples.
 struct GroupSidePrefetch {
   static constexpr int64_t kSideAhead = 16;
   const IntFormBlock& f;
@@ -156,9 +157,11 @@ struct GroupSidePrefetch {
   int64_t scale_bytes;
   const float* mins;
   const uint8_t* zeros;
-  GroupSidePrefetch(const PackedExperts& w, const IntFormBlock& f_, const ScaleIndex& sx_)
+  bool imins;  // integer mins read per group (split codes; IntAvx2's decode reads them before its groups)
+  GroupSidePrefetch(const PackedExperts& w, const IntFormBlock& f_, const ScaleIndex& sx_, bool group_imins = false)
       : f(f_), sx(sx_), scales(f_.isc ? nullptr : w.scales.as<char>()), scale_bytes(w.half_scales ? 2 : 4),
-        mins(w.has_mins && !w.imin_groups ? w.mins.as<float>() : nullptr), zeros(w.has_zeros ? w.zeros.data() : nullptr) {}
+        mins(w.has_mins && !w.imin_groups ? w.mins.as<float>() : nullptr), zeros(w.has_zeros ? w.zeros.data() : nullptr),
+        imins(group_imins && f_.imn) {}
   template <int NJ>
   void at(int64_t gi) const {
     const int64_t ga = gi + kSideAhead;
@@ -168,6 +171,7 @@ struct GroupSidePrefetch {
       else __builtin_prefetch(f.isc_at(j, ga), 0, 3), __builtin_prefetch(f.dsc_at(j, ga), 0, 3);
       if (mins) __builtin_prefetch(mins + si, 0, 3);
       if (zeros) __builtin_prefetch(zeros + si, 0, 3);
+      if (imins) __builtin_prefetch(f.imn_pair(j, ga / 2), 0, 3), __builtin_prefetch(f.dmn_run(j, ga / kIMinRun), 0, 3);
     }
   }
 };

@@ -84,12 +84,15 @@ PackedExperts shape_of(const PackedExperts& p) {
 
 }  // namespace
 
+// Whether p's kernel reads integer mins: KernelDesc::int_mins, or split codes (their kernel takes them).
+static bool takes_int_mins(const PackedExperts& p) { return p.kernel && (p.kernel->int_mins || p.split_bits); }
+
 // Builds the integer mins when p.kernel takes them and every run of 8 groups factors exactly (a no-op otherwise).
 static void derive_int_mins(PackedExperts& p) {
   constexpr int64_t S = kIMinRun;
   const int64_t gl = p.group_len(), NB = p.num_blocks();
   // (with activation blocks too: a block per run scales the run's int32 sum, shorter blocks meet the ints in fp32)
-  if (!p.has_mins || !p.kernel || !p.kernel->int_mins || p.imin_groups || gl * 127 > 32767) return;
+  if (!p.has_mins || !takes_int_mins(p) || p.imin_groups || gl * 127 > 32767) return;
   // int8 mins (K-quants' are 6-bit), int16 code sums (|sum| <= 127 gl) and an int32 sum of S products per run
   const int32_t mmax = int32_t(std::min<int64_t>(127, (int64_t(1) << 31) / (S * 127 * gl) - 1));
   PackedExperts t = shape_of(p);  // the indexing of the integer form
@@ -166,15 +169,15 @@ AlignedBuffer float_scales(const PackedExperts& p) {
 
 void set_kernel(PackedExperts& p, const KernelDesc* kd) {
   p.kernel = kd;
-  if (p.imin_groups && !kd->int_mins) p.mins = float_mins(p), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer(), p.imin_groups = 0;
+  if (p.split_bits && !kd->split_codes) join_split_codes(p);
+  if (kd->split_codes) derive_split_codes(p);  // first: split codes take integer mins
+  if (p.imin_groups && !takes_int_mins(p)) p.mins = float_mins(p), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer(), p.imin_groups = 0;
   if (p.iscale_groups && !kd->int_scales)
     p.scales = float_scales(p), p.iscales = AlignedBuffer(), p.dscales = AlignedBuffer(), p.iscale_groups = 0;
   if (p.half_scales && !kd->half_scales) p.scales = float_scales(p), p.half_scales = false;
-  if (p.split_bits && !kd->split_codes) join_split_codes(p);
   derive_int_mins(p);
   derive_int_scales(p);
   derive_half_scales(p);
-  if (kd->split_codes) derive_split_codes(p);
 }
 
 void set_a16(PackedExperts& p, bool a16) {

@@ -6,7 +6,8 @@ What it runs
     copies of site-packages/moe_cpu), each holding the same MoE block: a GGUF file of bench/ik_peer.py's cache
     (Q4_0, Q8_0, Q4_K, IQ4_XS, Q5_K, Q6_K: the Qwen3-30B-A3B block) or a random block of a scheme
     (int4_w4a8 = g128, int8_w8a8 per channel, ...: moe_cpu.bench.random_forms). ``fused_experts`` on a routing
-    pool where an expert comes back every 16 calls (cold decode). The workers take turns, a batch of calls each
+    pool where an expert comes back every 16 calls (cold decode; ``--hot``: the same experts every call, in cache
+    where they fit, to time the kernels' compute). The workers take turns, a batch of calls each
     (the order flips every round), so both see the same phase of the host's memory bandwidth, which on these VMs
     moves by up to 30% within minutes; per-process alternation (load, run, exit) spread 10-20% where this
     spreads 1-2%.
@@ -33,7 +34,7 @@ import os, sys, time
 import numpy as np
 import moe_cpu
 from moe_cpu.bench.timing import routing_pool
-case, M, threads, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+case, M, threads, work, hot = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "hot"
 rng = np.random.default_rng(0)
 if case.startswith(("int", "bf16", "fp8")):
     from moe_cpu.bench.random_forms import random_block
@@ -43,6 +44,8 @@ else:
     w13, w2 = layer.w13, layer.w2
 x = rng.standard_normal((M, 2048)).astype(np.float32)
 pool = routing_pool(rng, 128, 8, M)
+if hot:
+    pool = pool[:1]   # the same experts every call: L3-resident where they fit (compute-bound decode)
 moe_cpu.set_num_threads(threads)
 calls = 150 if M == 1 else 4
 i = 0
@@ -88,6 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--isa", default="", help="MOE_CPU_ISA for both (default: native)")
     ap.add_argument("--old-env", default="", help="NAME=VALUE[,...] for the old worker only")
     ap.add_argument("--new-env", default="", help="NAME=VALUE[,...] for the new worker only")
+    ap.add_argument("--hot", action="store_true",
+                    help="route every call to the same experts (cache-resident where they fit) instead of a cold pool")
     ap.add_argument("--work-dir", default="/tmp/ik_peer_models", help="bench/ik_peer.py's GGUF cache")
     a = ap.parse_args(argv)
     if a.m < 1 or a.rounds < 1 or a.threads < 1:
@@ -97,14 +102,15 @@ def main(argv=None) -> int:
             ap.error(f"{d} holds no moe_cpu package")
     extra = {"old": env_pairs(a.old_env), "new": env_pairs(a.new_env)}
     print(f"# old {a.old} {a.old_env}  new {a.new} {a.new_env}  M {a.m}, {a.threads} threads, "
-          f"isa {a.isa or 'native'}, {a.rounds} rounds", flush=True)
+          f"isa {a.isa or 'native'}, {a.rounds} rounds{', hot' if a.hot else ''}", flush=True)
     for case in a.cases.split(","):
         procs = {}
         for v, path in (("old", a.old), ("new", a.new)):
             env = dict(os.environ, PYTHONPATH=path, **extra[v])
             if a.isa:
                 env["MOE_CPU_ISA"] = a.isa
-            procs[v] = subprocess.Popen([sys.executable, "-c", WORKER, case, str(a.m), str(a.threads), a.work_dir],
+            procs[v] = subprocess.Popen([sys.executable, "-c", WORKER, case, str(a.m), str(a.threads), a.work_dir,
+                                         "hot" if a.hot else "cold"],
                                         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
         try:
             for v, p in procs.items():

@@ -315,6 +315,11 @@ struct IntAvx2 {
           // int16 sums of kChunk k-steps (each adds 4 products to a lane: 16 codes <= 15, or 8 table bytes <= 31,
           // times 127 < 2^15), then one vpmaddwd.
           constexpr int kChunk = C == Codes::kTable ? 2 : 4;
+          if (MR == 1 && s1 - s0 == kChunk) {  // decode, a group of 32 codes (the GGUF forms): one chunk, unrolled
+            _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) a16[0][h] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 4") for (int q = 0; q < kChunk; ++q) step_at(s0 + q);
+            _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) acc[0][h] = _mm256_add_epi32(acc[0][h], _mm256_madd_epi16(a16[0][h], ones));
+          } else
           for (int64_t q0 = s0; q0 < s1; q0 += kChunk) {
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
               _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) a16[r][h] = _mm256_setzero_si256();

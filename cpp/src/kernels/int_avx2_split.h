@@ -203,9 +203,7 @@ void int8_avx2_split_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int6
   ActRows ab = a;
   ab.blk_mins = blk;
   for (int64_t b = b0; b < b1; ++b) {
-    const IntForms forms(w, e, b, a.G);
-    for (int64_t gi = 0; gi < a.G; ++gi)
-      for (int c8 = 0; c8 < 16; c8 += 8) _mm256_store_ps(blk + gi * 16 + c8, forms.mins(nullptr, 0, gi, c8, nullptr, 0));
+    store_block_forms(w, e, b, a.G, nullptr, blk);
     drive_even<IntAvx2Split<kXb, kBlk, kS>::template Micro, kG32Rows>(w, e, b, b + 1, ab, c + (b - b0) * 16, ldc);
   }
 }

@@ -100,20 +100,20 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
       const auto m6 = test::ints(g, size_t(E * N * G), 0, 63);
       for (int64_t i = 0; i < E * N * G; ++i) {
         const int64_t run = (i / G) * G + (i % G) / 8 * 8;
-        int ex = 0;  // dmin with 11 significant bits, as a K-quant's fp16 dmin: the products are exact
+        int ex = 0;  // dmin an fp16 value (11 significant bits, >= 2^-14), as a K-quant's: the products are exact
         const float mant = std::frexp(float(dmin[size_t(run)]), &ex);
-        const float d11 = std::ldexp(std::round(std::ldexp(mant, 11)), ex - 11);
+        const float d11 = std::ldexp(std::round(std::ldexp(mant, 11)), std::max(ex, -13) - 11);
         mn[size_t(i)] = (run / 8) % 5 == 3 ? 0.f : d11 * float(m6[size_t(i)]);
       }
     }
-    if (c.kscales) {  // one d per (row, run of 8 groups), 11 significant bits as an fp16 d, times small integers
+    if (c.kscales) {  // one d per (row, run of 8 groups), an fp16 value (11 significant bits, >= 2^-14), times small integers
       const auto d = test::gaussian(g, size_t(E * N * G), 0.1f);
       const auto sc = c.mins ? test::ints(g, size_t(E * N * G), 0, 63) : test::ints(g, size_t(E * N * G), -32, 31);
       for (int64_t i = 0; i < E * N * G; ++i) {
         const int64_t run = (i / G) * G + (i % G) / 8 * 8;
         int ex = 0;
         const float mant = std::frexp(float(d[size_t(run)]), &ex);
-        s[size_t(i)] = std::ldexp(std::round(std::ldexp(mant, 11)), ex - 11) * float(sc[size_t(i)]);
+        s[size_t(i)] = std::ldexp(std::round(std::ldexp(mant, 11)), std::max(ex, -13) - 11) * float(sc[size_t(i)]);
       }
     }
     if (extremes) std::fill(s.begin(), s.end(), 1.0f);
@@ -219,13 +219,13 @@ TEST_P(WeightFormTest, ActivationBlocksMatchDequantizedMath) {
       auto value = [&](int64_t i) { return c.codebook ? int(c.codebook[uint8_t(q[size_t(i)])]) : int(q[size_t(i)]); };
       auto s = test::gaussian(g, size_t(E * N * G));
       auto mn = test::gaussian(g, size_t(E * N * G), 0.5f);
-      if (c.kquant) {  // dmin (11 significant bits) per run of 8 groups times 6-bit integers, as in the test above
+      if (c.kquant) {  // dmin (an fp16 value) per run of 8 groups times 6-bit integers, as in the test above
         const auto dmin = test::gaussian(g, size_t(E * N * G), 0.01f);
         const auto m6 = test::ints(g, size_t(E * N * G), 0, 63);
         for (int64_t i = 0; i < E * N * G; ++i) {
           int ex = 0;
           const float mant = std::frexp(float(dmin[size_t((i / G) * G + (i % G) / 8 * 8)]), &ex);
-          mn[size_t(i)] = std::ldexp(std::round(std::ldexp(mant, 11)), ex - 11) * float(m6[size_t(i)]);
+          mn[size_t(i)] = std::ldexp(std::round(std::ldexp(mant, 11)), std::max(ex, -13) - 11) * float(m6[size_t(i)]);
         }
       }
       PackedExperts p = c.int4 ? pack_int4(q.data(), E, N, K, s.data(), c.group, nullptr, c.codebook, c.mins ? mn.data() : nullptr)

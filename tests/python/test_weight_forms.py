@@ -220,16 +220,39 @@ def test_kquant_scales_run_as_integers_on_x86(rng, tmp_path, form):
     np.testing.assert_array_equal(bits(p13.unpack_quantized()["scales"]), bits(r13.scales))   # signed zeros too
     if form == "iq4xs":
         assert (np.signbit(r13.scales) & (r13.scales == 0)).any() and ((r13.scales == 0) & ~np.signbit(r13.scales)).any()
-    if integer:   # an int8 per (column, group) and an fp32 d per run of 8 groups (int4 / Q5_K: 10 groups, 2 runs, padded)
+    if integer:   # an int8 per (column, group) and an fp16 d per run of 8 groups (int4 / Q5_K: 10 groups, 2 runs, padded)
         NB, G = 2 * I // 16, H // p13.group_size
         runs = -(-G // 8)
         code_bytes = E * NB * 16 * H * p13.code_bits // 8   # int4, int8, or split 5- / 6-bit int8 codes
-        scale_bytes = E * NB * 16 * (runs * 8 * 1 + runs * 4)
-        int_min_bytes = E * NB * 16 * (runs * 8 * 1 + runs * 4) if p13.has_int_mins else 0   # int8 imins, fp32 dmin
+        scale_bytes = E * NB * 16 * (runs * 8 * 1 + runs * 2)
+        int_min_bytes = E * NB * 16 * (runs * 8 * 1 + runs * 2) if p13.has_int_mins else 0   # int8 imins, fp16 dmin
         float_min_bytes = E * NB * 16 * G * 4 if p13.has_mins and not p13.has_int_mins else 0
         assert p13.nbytes == code_bytes + scale_bytes + int_min_bytes + float_min_bytes
         assert scale_bytes < E * NB * 16 * G * 4   # float scales
     check_layer_and_file(rng, tmp_path, (r13, p13), (r2, p2), k, form)
+
+
+def test_integer_forms_need_an_fp16_d(rng, tmp_path):
+    # The integer forms store d per run as fp16. Scales that are d * 6-bit ints with a d of 14 significant bits
+    # (exact products in fp32, but no fp16 d) stay float scales and mins, with the same values and outputs.
+    E, k, H, I = 3, 2, 320, 64
+    G, runs = H // 32, -(-H // 32 // 8)
+    mant, ex = np.frexp(rng.uniform(0.5, 1.5, (E, 2 * I, runs, 1)) / (4 * 63 * np.sqrt(H)))
+    d = np.ldexp((np.floor(mant * 2 ** 14) + (np.floor(mant * 2 ** 14) % 2 == 0)) / 2 ** 14, ex).astype(np.float32)  # 14th bit set
+    assert not np.array_equal(d, d.astype(np.float16).astype(np.float32))
+    sc = rng.integers(1, 64, (E, 2 * I, runs, 8)).astype(np.float32)
+    s = np.ascontiguousarray((d * sc).reshape(E, 2 * I, -1)[:, :, :G], np.float32)
+    m = np.ascontiguousarray((d * sc[..., ::-1]).reshape(E, 2 * I, -1)[:, :, :G], np.float32)
+    np.testing.assert_array_equal(s / np.repeat(d[..., 0], 8, axis=2)[:, :, :G], sc.reshape(E, 2 * I, -1)[:, :, :G])
+    q = rng.integers(0, 16, (E, 2 * I, H)).astype(np.uint8)
+    r13 = ref.RefWeights.int4(q, s, 32, codebook=UNSIGNED, mins=m)
+    p13 = moe_cpu.pack_int4(q, s, 32, codebook=UNSIGNED, mins=m)
+    assert not p13.has_int_scales and not p13.has_int_mins
+    bits = lambda a: np.ascontiguousarray(a, np.float32).view(np.uint32)
+    np.testing.assert_array_equal(bits(p13.unpack_quantized()["scales"]), bits(s))
+    r2, p2 = form_weights(rng, "q4k_ks", E, H, I)
+    assert p2.has_int_scales == int_scale_kernel(p2)   # the same shape with fp16 d: integer
+    check_layer_and_file(rng, tmp_path, (r13, p13), (r2, p2), k, "q4k")
 
 
 def half_form_kernel(p):

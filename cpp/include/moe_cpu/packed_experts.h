@@ -74,16 +74,16 @@ struct PackedExperts {
   // channel k_perm[e][j] of the activations (fused_experts gathers them). Empty: the identity.
   AlignedBuffer k_perm;
   // Integer mins (int schemes with mins, for a kernel with KernelDesc::int_mins or on split codes, when they factor
-  // exactly): m = dmin * imin, imin int8, one dmin per column and run of imin_groups groups (as
-  // K-quants store them). The kernel then sums imin * (activation code sums) in int32 per run and
+  // exactly, with dmin an fp16 value): m = dmin * imin, imin int8, one fp16 dmin per column and run of imin_groups
+  // groups (as K-quants store them). The kernel then sums imin * (activation code sums) in int32 per run and
   // multiplies by dmin once; `mins` is dropped (min() recomputes the same floats).
   // Layout and index arithmetic of both integer forms: cpp/src/moe/int_forms.h.
   AlignedBuffer imins, dmins;
   int64_t imin_groups = 0;  // 0: float mins, else kIMinRun
   // Integer scales (int schemes, for a kernel with KernelDesc::int_scales, when they factor exactly): s = d * isc,
-  // isc int8, one d per column and run of iscale_groups groups (K-quant and IQ4_XS super-blocks). The
-  // kernel builds each group's float scale as isc * d in fp32 (the same float: exact), so decode reads
-  // 1.5 bytes of scale per group and column instead of 4; `scales` is dropped (scale() recomputes them).
+  // isc int8, one fp16 d per column and run of iscale_groups groups (K-quant and IQ4_XS super-blocks, whose d
+  // are fp16). The kernel builds each group's float scale as isc * d in fp32 (the same float: exact), so decode
+  // reads 1.25 bytes of scale per group and column instead of 4; `scales` is dropped (scale() recomputes them).
   AlignedBuffer iscales, dscales;
   int64_t iscale_groups = 0;  // 0: float scales, else kIMinRun
   // fp16 scales (int schemes, for a kernel with KernelDesc::half_scales, when every scale is exactly an fp16 value,

@@ -31,7 +31,7 @@ struct IntPairTerms {
       for (int64_t gi = 0; gi < G; ++gi)
         for (int n = 0; n < 16; ++n) {
           const int64_t i = gi * 32 + 16 * j + n, si = sx(j, gi) + n;
-          sc[i] = f.isc ? float(f.isc_at(j, gi)[n]) * f.dsc_at(j, gi)[n] : w.scales.as<float>()[si];
+          sc[i] = f.isc ? float(f.isc_at(j, gi)[n]) * half_to_float(f.dsc_at(j, gi)[n]) : w.scales.as<float>()[si];
           if (mn) mn[i] = w.mins.as<float>()[si];
           if (zp) zp[i] = w.zeros.data()[si];
         }
@@ -55,7 +55,7 @@ inline void int_mins_row(const PackedExperts& w, int64_t e, int64_t b, int64_t n
             acc = std::fma(float(m[0]), af[2 * p], acc);
             acc = std::fma(float(m[1]), 2 * p + 1 < a.G ? af[2 * p + 1] : 0.f, acc);
           }
-          sum = std::fma(acc, f.dmn_run(j, s)[n], sum);
+          sum = std::fma(acc, half_to_float(f.dmn_run(j, s)[n]), sum);
         }
         corr[16 * j + n] = sum;
       }
@@ -73,7 +73,7 @@ inline void int_mins_row(const PackedExperts& w, int64_t e, int64_t b, int64_t n
           acc += uint32_t(int32_t(m[0]) * as[p] + int32_t(m[1]) * as[p + 1]);
         }
         const float bs = a.bscale ? a.bscale[row * a.G + s * kIMinRun] : 1.f;  // activation blocks: one per run
-        sum = std::fma(float(int32_t(acc)) * bs, f.dmn_run(j, s)[n], sum);
+        sum = std::fma(float(int32_t(acc)) * bs, half_to_float(f.dmn_run(j, s)[n]), sum);
       }
       corr[16 * j + n] = sum;
     }

@@ -75,7 +75,10 @@ struct IntAvx2Split {
     const __m256i hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));
     const int zc = w.split_zero;
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t gi = 0; gi < G; ++gi) {
+    for (int64_t r0 = 0; r0 < G; r0 += kIMinRun) {  // runs of groups: their fp16 d / dmin widened once
+     __m256 run_d[2], run_dm[2];
+     _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) run_d[h] = forms.run_d(0, r0, h * 8), run_dm[h] = forms.run_dmin(0, r0, h * 8);
+     for (int64_t gi = r0; gi < std::min(G, r0 + kIMinRun); ++gi) {
       side.at<1>(gi);
       const uint8_t* gn = pn + gi * kS * 64;
       const uint8_t* gh = ph + gi * (kS / kSpv) * 64;
@@ -97,12 +100,13 @@ struct IntAvx2Split {
         }
       });
       _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
-        const __m256 sv = forms.scales(nullptr, 0, gi, h * 8, sc, sx(0, gi) + h * 8);
+        const __m256 sv = forms.scales(nullptr, 0, gi, h * 8, sc, sx(0, gi) + h * 8, run_d[h]);
         __m256 x = _mm256_cvtepi32_ps(s32[h]);
         if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_set1_ps(bsr[gi]));
         acc[h] = _mm256_fmadd_ps(x, sv, acc[h]);
-        if (asf) acc[h] = _mm256_fnmadd_ps(forms.mins(nullptr, 0, gi, h * 8, mins, sx(0, gi) + h * 8), _mm256_broadcast_ss(asf + gi), acc[h]);
+        if (asf) acc[h] = _mm256_fnmadd_ps(forms.mins(nullptr, 0, gi, h * 8, mins, sx(0, gi) + h * 8, run_dm[h]), _mm256_broadcast_ss(asf + gi), acc[h]);
       }
+     }
     }
     alignas(32) float out[16];
     const __m256 rs = _mm256_set1_ps(a.scale[ri]);

@@ -24,6 +24,9 @@
 
 MOE_ISA_BEGIN
 
+// 16 fp16 values (the integer forms' d per run) as fp32: exact.
+inline __m512 half16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
 inline int32_t load_i32(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -131,7 +134,7 @@ __attribute__((noinline)) void int_mins_term_f32(const PackedExperts& w, int64_t
       }
     }
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-      const __m512 dv = _mm512_load_ps(f.dmn_run(j, s));
+      const __m512 dv = half16(f.dmn_run(j, s));
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) sum[r][j] = _mm512_fmadd_ps(acc[r][j], dv, sum[r][j]);
     }
   }
@@ -155,7 +158,7 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
   // (as in dpbusd_row).
   const IntFormBlock f(w, e, b, a.G);
   const int8_t* im = f.imn;  // panel j at + j * P2 * 32
-  const float* dm = f.dmn;    // panel j at + j * runs * 16
+  const uint16_t* dm = f.dmn;  // panel j at + j * runs * 16
   __m512 sum[MR][NJ];
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) sum[r][j] = _mm512_setzero_ps();
@@ -176,7 +179,7 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
       }
     }
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-      const __m512 dv = _mm512_load_ps(dm + (j * runs + s) * 16);
+      const __m512 dv = half16(dm + (j * runs + s) * 16);
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
         __m512 f = _mm512_cvtepi32_ps(acc[r][j]);
         if (a.bscale) f = _mm512_mul_ps(f, _mm512_set1_ps(a.bscale[a.row_idx[r0 + r] * a.G + s * kIMinRun]));
@@ -188,11 +191,12 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm512_store_ps(corr + (r * NJ + j) * 16, sum[r][j]);
 }
 
-// The 16 fp32 scales of (panel j, group gi) from the integer form: float(isc) * d, the stored floats.
-inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi) {
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(f.isc_at(j, gi))))),
-                       _mm512_load_ps(f.dsc_at(j, gi)));
+// The 16 fp32 scales of (panel j, group gi) from the integer form: float(isc) * d, the stored floats (d: the run's
+// fp16 d widened, which decode does once per run).
+inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi, __m512 d) {
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(f.isc_at(j, gi))))), d);
 }
+inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi) { return int_scale16(f, j, gi, half16(f.dsc_at(j, gi))); }
 
 // kBlk: A8 activation blocks (ActRows::bscale), instances of their own so that the per-token code stays as it was:
 // 1 a block scale per group (blocks of the group length or longer), 2 pieces (blocks shorter than a group).
@@ -243,8 +247,13 @@ struct IntVnni {
       alignas(64) float corr[kOff == Offset::kIntMins ? MR * NJ * 16 : 1];
       if constexpr (kOff == Offset::kIntMins) int_mins_term<MR, NJ>(w, e, b, a, r0, corr);
       const GroupSidePrefetch side(w, forms, sx);
+      [[maybe_unused]] __m512 run_d[MR == 1 ? NJ : 1];  // decode: the run's fp16 d, widened once per run
       for (int64_t gi = 0; gi < G; ++gi) {
-        if constexpr (MR == 1) side.at<NJ>(gi);
+        if constexpr (MR == 1) {
+          side.at<NJ>(gi);
+          if (forms.isc && gi % kIMinRun == 0)
+            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) run_d[j] = half16(forms.dsc_at(j, gi));
+        }
         const int64_t g0 = gi * gl / step, g1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
        for (int64_t pi = 0; pi < NP; ++pi) {
         const int64_t s0 = g0 + pi * ps, s1 = pi == NP - 1 ? g1 : s0 + ps, ai = gi * NP + pi;
@@ -291,7 +300,7 @@ struct IntVnni {
           const __m512 sv =
               a.blk_scales ? _mm512_load_ps(a.blk_scales + (j * G + gi) * 16)
               : forms.hsc          ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(forms.hsc + si)))
-              : forms.isc          ? int_scale16(forms, j, gi)
+              : forms.isc          ? (MR == 1 ? int_scale16(forms, j, gi, run_d[MR == 1 ? j : 0]) : int_scale16(forms, j, gi))
                                    : _mm512_load_ps(scales + si);
           if constexpr (kOff == Offset::kZeros) {
             const __m512i zv = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(zeros + si)));

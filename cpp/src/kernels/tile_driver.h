@@ -125,20 +125,20 @@ struct ScaleIndex {
 struct IntFormBlock {
   const uint16_t* hsc = nullptr;
   const int8_t* isc = nullptr;
-  const float* dsc = nullptr;
+  const uint16_t* dsc = nullptr;  // fp16 d per run
   const int8_t* imn = nullptr;
-  const float* dmn = nullptr;
+  const uint16_t* dmn = nullptr;  // fp16 dmin per run
   int64_t runs, P2;  // runs of kIMinRun groups; pairs of groups (whole runs)
   IntFormBlock(const PackedExperts& w, int64_t e, int64_t b, int64_t G) : runs(int_form_runs(G)), P2(runs * (kIMinRun / 2)) {
     const int64_t eb = e * w.num_blocks() + b;
     if (w.half_scales) hsc = w.scales.as<uint16_t>();
-    if (w.iscale_groups) isc = w.iscales.as<int8_t>() + iscale_block(eb, runs), dsc = w.dscales.as<float>() + int_d_block(eb, runs);
-    if (w.imin_groups) imn = w.imins.as<int8_t>() + imin_block(eb, P2), dmn = w.dmins.as<float>() + int_d_block(eb, runs);
+    if (w.iscale_groups) isc = w.iscales.as<int8_t>() + iscale_block(eb, runs), dsc = w.dscales.as<uint16_t>() + int_d_block(eb, runs);
+    if (w.imin_groups) imn = w.imins.as<int8_t>() + imin_block(eb, P2), dmn = w.dmins.as<uint16_t>() + int_d_block(eb, runs);
   }
   const int8_t* isc_at(int64_t j, int64_t gi) const { return isc + (j * runs * kIMinRun + gi) * 16; }
-  const float* dsc_at(int64_t j, int64_t gi) const { return dsc + (j * runs + gi / kIMinRun) * 16; }
+  const uint16_t* dsc_at(int64_t j, int64_t gi) const { return dsc + (j * runs + gi / kIMinRun) * 16; }
   const int8_t* imn_pair(int64_t j, int64_t pair) const { return imn + (j * P2 + pair) * 32; }  // [16][2]
-  const float* dmn_run(int64_t j, int64_t run) const { return dmn + (j * runs + run) * 16; }
+  const uint16_t* dmn_run(int64_t j, int64_t run) const { return dmn + (j * runs + run) * 16; }
 };
 
 // How far ahead an int kernel's decode tile prefetches its (sequential) panel stream, into L2 (2, 4, 8, 16 KiB

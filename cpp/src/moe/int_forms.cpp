@@ -15,17 +15,17 @@ namespace moe_cpu {
 
 namespace {
 
-// v[0..n) = float(m[j]) * d bit for bit (signed zeros too), m[j] an integer in [mlo, mhi], d one float:
-// candidates d = a / (+-c) for the nonzero a of least magnitude and c = 1..cmax (K-quant mins and scales
-// are d * a 6-bit integer, IQ4_XS's d * (6-bit - 32)). False if none.
+// v[0..n) = float(m[j]) * d bit for bit (signed zeros too), m[j] an integer in [mlo, mhi], d one float that is
+// exactly an fp16 value (*h, its code): candidates d = a / (+-c) for the nonzero a of least magnitude and
+// c = 1..cmax (K-quant mins and scales are an fp16 d * a 6-bit integer, IQ4_XS's d * (6-bit - 32)). False if none.
 template <class I>
-bool factor_run(const float* v, int n, int32_t mlo, int32_t mhi, int cmax, float* d, I* m) {
+bool factor_run(const float* v, int n, int32_t mlo, int32_t mhi, int cmax, uint16_t* h, I* m) {
   float a = 0.f;
   for (int j = 0; j < n; ++j)
     if (v[j] != 0.f && (a == 0.f || std::fabs(v[j]) < std::fabs(a))) a = v[j];
   if (a == 0.f) {  // all zero (a zero d): d = +0, and m = -1 gives -0 (-1 * +0), m = 0 gives +0
     if (mlo > -1) return false;
-    *d = 0.f;
+    *h = 0;
     for (int j = 0; j < n; ++j) m[j] = std::signbit(v[j]) ? I(-1) : I(0);
     return true;
   }
@@ -33,7 +33,7 @@ bool factor_run(const float* v, int n, int32_t mlo, int32_t mhi, int cmax, float
     for (int sign = 1; sign >= -1; sign -= 2) {
       const float dc = a / float(sign * c);
       if (dc == 0.f || !std::isfinite(dc)) return false;
-      bool ok = true;
+      bool ok = half_exact(dc, h);
       for (int j = 0; j < n && ok; ++j) {
         const double t = std::nearbyint(double(v[j]) / double(dc));
         if (!(t >= mlo && t <= mhi)) {
@@ -44,13 +44,14 @@ bool factor_run(const float* v, int n, int32_t mlo, int32_t mhi, int cmax, float
         ok = std::memcmp(&back, &v[j], 4) == 0;
         if (ok) m[j] = I(t);
       }
-      if (ok) return (*d = dc), true;
+      if (ok) return true;
     }
   return false;
 }
 
 // Factors every run of kIMinRun groups of every column of p: value(e, n, gi) = float(m) * d (factor_run
-// with m in [mlo, mhi], cmax). Calls put(e, n, run, d, m, count) per run; false as soon as one does not factor.
+// with m in [mlo, mhi], cmax). Calls put(e, n, run, d (fp16 code), m, count) per run; false as soon as one does not
+// factor.
 template <class I, class Value, class Put>
 bool factor_runs(const PackedExperts& p, int32_t mlo, int32_t mhi, int cmax, Value value, Put put) {
   constexpr int64_t S = kIMinRun;
@@ -58,7 +59,8 @@ bool factor_runs(const PackedExperts& p, int32_t mlo, int32_t mhi, int cmax, Val
   std::atomic<bool> ok{true};
   parallel_for(p.num_experts * NB, [&](int64_t eb) {
     const int64_t e = eb / NB, b16 = eb % NB;
-    float v[S], d;
+    float v[S];
+    uint16_t d;
     I m[S];
     for (int64_t n = 16 * b16; n < std::min(N, 16 * b16 + 16) && ok.load(std::memory_order_relaxed); ++n)
       for (int64_t r = 0; r < runs; ++r) {
@@ -97,13 +99,13 @@ static void derive_int_mins(PackedExperts& p) {
   const int32_t mmax = int32_t(std::min<int64_t>(127, (int64_t(1) << 31) / (S * 127 * gl) - 1));
   PackedExperts t = shape_of(p);  // the indexing of the integer form
   t.imin_groups = S;
-  AlignedBuffer im(size_t(p.num_experts * NB * imin_pairs(t) * 32)), dm(size_t(p.num_experts * NB * int_form_runs(t.num_groups()) * 16) * 4);
+  AlignedBuffer im(size_t(p.num_experts * NB * imin_pairs(t) * 32)), dm(size_t(p.num_experts * NB * int_form_runs(t.num_groups()) * 16) * 2);
   std::memset(im.data(), 0, im.size());
   std::memset(dm.data(), 0, dm.size());
   const bool ok = factor_runs<int8_t>(
       p, -mmax, mmax, 64, [&](int64_t e, int64_t n, int64_t gi) { return p.min(e, n, gi); },
-      [&](int64_t e, int64_t n, int64_t r, float d, const int8_t* m, int cnt) {
-        dm.as<float>()[int_d_index(t, e, n, r)] = d;
+      [&](int64_t e, int64_t n, int64_t r, uint16_t d, const int8_t* m, int cnt) {
+        dm.as<uint16_t>()[int_d_index(t, e, n, r)] = d;
         for (int j = 0; j < cnt; ++j) im.as<int8_t>()[imin_index(t, e, n, r * S + j)] = m[j];
       });
   if (!ok) return;
@@ -121,13 +123,13 @@ static void derive_int_scales(PackedExperts& p) {
     return;
   PackedExperts t = shape_of(p);  // the indexing of the integer form
   t.iscale_groups = S;
-  AlignedBuffer is(size_t(p.num_experts * NB * int_form_runs(t.num_groups()) * S * 16)), ds(size_t(p.num_experts * NB * int_form_runs(t.num_groups()) * 16) * 4);
+  AlignedBuffer is(size_t(p.num_experts * NB * int_form_runs(t.num_groups()) * S * 16)), ds(size_t(p.num_experts * NB * int_form_runs(t.num_groups()) * 16) * 2);
   std::memset(is.data(), 0, is.size());
   std::memset(ds.data(), 0, ds.size());
   const bool ok = factor_runs<int8_t>(  // int8; 8-bit integer scales need c up to 128
       p, -128, 127, 128, [&](int64_t e, int64_t n, int64_t gi) { return p.scale(e, n, gi); },
-      [&](int64_t e, int64_t n, int64_t r, float d, const int8_t* m, int cnt) {
-        ds.as<float>()[int_d_index(t, e, n, r)] = d;
+      [&](int64_t e, int64_t n, int64_t r, uint16_t d, const int8_t* m, int cnt) {
+        ds.as<uint16_t>()[int_d_index(t, e, n, r)] = d;
         for (int j = 0; j < cnt; ++j) is.as<int8_t>()[iscale_index(t, e, n, r * S + j)] = m[j];
       });
   if (!ok) return;
@@ -156,11 +158,11 @@ static void derive_half_scales(PackedExperts& p) {
 float PackedExperts::half_scale(int64_t i) const { return half_to_float(scales.as<uint16_t>()[i]); }
 
 float PackedExperts::int_scale(int64_t e, int64_t n, int64_t gi) const {
-  return dscales.as<float>()[int_d_index(*this, e, n, gi / kIMinRun)] * float(iscales.as<int8_t>()[iscale_index(*this, e, n, gi)]);
+  return half_to_float(dscales.as<uint16_t>()[int_d_index(*this, e, n, gi / kIMinRun)]) * float(iscales.as<int8_t>()[iscale_index(*this, e, n, gi)]);
 }
 
 float PackedExperts::int_min(int64_t e, int64_t n, int64_t gi) const {
-  return dmins.as<float>()[int_d_index(*this, e, n, gi / kIMinRun)] * float(imins.as<int8_t>()[imin_index(*this, e, n, gi)]);
+  return half_to_float(dmins.as<uint16_t>()[int_d_index(*this, e, n, gi / kIMinRun)]) * float(imins.as<int8_t>()[imin_index(*this, e, n, gi)]);
 }
 
 AlignedBuffer float_scales(const PackedExperts& p) {

@@ -1,8 +1,8 @@
 // int_forms.h — the scales' blocked order ([E][NB][G][16], scale_index) and the integer forms of int scales
 // and mins: every run of kIMinRun groups of a column factored exactly as d * integer (K-quants, IQ4_XS), for
 // the kernels that read them (KernelDesc::int_mins / int_scales). Their layout, per column block (e, b):
-//   iscales int8 [E][NB][runs * kIMinRun][16] and dscales fp32 [E][NB][runs][16];
-//   imins int8 [E][NB][pairs = runs * kIMinRun / 2][16][2] and dmins fp32 [E][NB][runs][16] (kernels widen a pair of
+//   iscales int8 [E][NB][runs * kIMinRun][16] and dscales fp16 [E][NB][runs][16];
+//   imins int8 [E][NB][pairs = runs * kIMinRun / 2][16][2] and dmins fp16 [E][NB][runs][16] (kernels widen a pair of
 //   int8 to the int16 pair that meets an int16 code-sum pair in vpmaddwd / vpdpwssd);
 // runs = ceil(G / kIMinRun), the last run zero-padded. The index arithmetic below is the one copy: the
 // packers, scale() / min() and the kernels' IntFormBlock use it.

@@ -56,6 +56,8 @@ const FormCase kForms[] = {
     {"Int8_G32_KMins_M13", false, nullptr, true, 13, 40, 320, 32, true},
     {"Unsigned_KScales_KMins_M1", true, kUnsigned, true, 1, 80, 512, 32, true, true},  // Q4_K as files hold it
     {"Unsigned_KScales_KMins_M7", true, kUnsigned, true, 7, 70, 288, 32, true, true},  // 9 groups: a short run
+    {"Unsigned_KScales_KMins_M13", true, kUnsigned, true, 13, 40, 256, 32, true, true},  // two row tiles: widened in each
+    {"Unsigned_KScales_KMins_M20", true, kUnsigned, true, 20, 40, 256, 32, true, true},  // three: a scratch per block
     {"Iq4nl_KScales_M1", true, kIq4nl, false, 1, 48, 256, 32, false, true},            // IQ4_XS
     {"Iq4nl_KScales_M6", true, kIq4nl, false, 6, 40, 320, 32, false, true},            // 10 groups
     {"Int8_6bit_G16_M1", false, nullptr, false, 1, 64, 256, 16, false, false, -32, 31},          // Q6_K codes

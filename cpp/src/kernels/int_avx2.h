@@ -423,15 +423,21 @@ void int4_avx2_code_form_gemm(const PackedExperts& w, int64_t e, int64_t b0, int
 
 // The int4 GEMM of dot D: codes as stored, or mapped through the codebook (kSigned when vpmaddubsw
 // would saturate on code_table bytes > 31).
+template <IntDot D>
+Codes int4_codes(const PackedExperts& w) {
+  if (!w.code_shuffle) return Codes::kPlain;
+  int top = 0;
+  for (uint8_t u : w.code_table) top = std::max(top, int(u));
+  return D != IntDot::kMaddubs || top <= 31 ? Codes::kTable : Codes::kSigned;
+}
 template <IntDot D, int MR, int NJ, int ND, int kBlk>
 void int4_avx2_codes_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                              int64_t ldc) {
-  if (!w.code_shuffle) return int4_avx2_code_form_gemm<D, Codes::kPlain, MR, NJ, ND, kBlk>(w, e, b0, b1, a, c, ldc);
-  int top = 0;
-  for (uint8_t u : w.code_table) top = std::max(top, int(u));
-  if (D != IntDot::kMaddubs || top <= 31)
-    return int4_avx2_code_form_gemm<D, Codes::kTable, MR, NJ, ND, kBlk>(w, e, b0, b1, a, c, ldc);
-  int4_avx2_code_form_gemm<D, Codes::kSigned, MR, NJ, ND, kBlk>(w, e, b0, b1, a, c, ldc);
+  switch (int4_codes<D>(w)) {
+    case Codes::kPlain: return int4_avx2_code_form_gemm<D, Codes::kPlain, MR, NJ, ND, kBlk>(w, e, b0, b1, a, c, ldc);
+    case Codes::kTable: return int4_avx2_code_form_gemm<D, Codes::kTable, MR, NJ, ND, kBlk>(w, e, b0, b1, a, c, ldc);
+    default: return int4_avx2_code_form_gemm<D, Codes::kSigned, MR, NJ, ND, kBlk>(w, e, b0, b1, a, c, ldc);
+  }
 }
 template <IntDot D, int MR, int NJ, int ND>
 void int4_avx2_codes_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
@@ -460,12 +466,14 @@ inline void store_block_forms(const PackedExperts& w, int64_t e, int64_t b, int6
 
 // With integer scales or mins, row tiles take each column block's fp32 values from a scratch built once
 // per block (per row tile they would cost as much as a quarter of a group's k-steps); decode builds them
-// inline.
+// inline, and so do IntAvx2G32's tiles where a block has one or two (M = 128: ~8 rows an expert).
 template <IntDot D, int MR, int NJ, int ND>
 void int4_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                     int64_t ldc) {
   static_assert(NJ == 1, "one column block per row tile");
-  if (a.rows == 1 || !(w.iscale_groups || w.imin_groups)) return int4_avx2_codes_gemm<D, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  if (a.rows == 1 || !(w.iscale_groups || w.imin_groups) ||
+      (D == IntDot::kMaddubs && a.rows <= 2 * kG32Rows && int4_g32_fits(w, a, int4_codes<D>(w))))
+    return int4_avx2_codes_gemm<D, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
   const int64_t G = a.G;
   std::vector<float> buf(size_t(2 * G * 16) + 8);
   float* blk = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 31) & ~uintptr_t(31));

@@ -90,9 +90,12 @@ struct IntAvx2G32 {
       const int64_t sbase = ScaleIndex(w, e, b, G).base;
       const float* sc = w.scales.as<float>();
       const IntForms forms(w, e, b, G);  // scales: a.blk_scales, fp16, integer or fp32, [G][16] from sbase
-      const float* mn = !w.has_mins ? nullptr : a.blk_mins ? a.blk_mins : w.mins.as<float>() + sbase;
+      // float mins, or integer ones widened once per column block (a.blk_mins) or per group and 8 columns for all
+      // the tile's rows
+      const bool widen = forms.imn && !a.blk_mins;
+      const float* mn = !w.has_mins || widen ? nullptr : a.blk_mins ? a.blk_mins : w.mins.as<float>() + sbase;
       constexpr int64_t gl = 16 * P, gbytes = kInt4 ? 8 * gl : 16 * gl;  // a group's bytes in one half-panel
-      const G32Rows<MR, kBlk> rows(a, r0, G, mn != nullptr, kInt4 && C == Codes::kPlain ? w.code_zero : 0);
+      const G32Rows<MR, kBlk> rows(a, r0, G, w.has_mins, kInt4 && C == Codes::kPlain ? w.code_zero : 0);
       const auto& arow = rows.arow;
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
       const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
@@ -109,7 +112,9 @@ struct IntAvx2G32 {
           const uint8_t* pg = ph + gi * gbytes;
           const __m256 sv = forms.scales(a.blk_scales, 0, gi, h * 8, sc, sbase + gi * 16 + h * 8);
           // One row's group: the exact int32 sums to the fp32 sum, as IntAvx2's epilogue.
-          const float* mg = mn ? mn + gi * 16 + h * 8 : nullptr;
+          alignas(32) float imv[8];
+          if (widen) _mm256_store_ps(imv, forms.mins(nullptr, 0, gi, h * 8, nullptr, 0));
+          const float* mg = widen ? imv : mn ? mn + gi * 16 + h * 8 : nullptr;
           const auto finish = [&](int r, __m256i exact) __attribute__((always_inline)) {
             acc[r] = rows.finish(r, gi, exact, sv, mg, acc[r]);
           };

@@ -127,6 +127,19 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
     if (c.kscales) EXPECT_EQ(p.iscale_groups, kd->int_scales ? 8 : 0) << "integer scales";
     if (!c.int4 && c.lo8 > -128)
       EXPECT_EQ(p.split_bits, kd->split_codes ? (c.hi8 - c.lo8 < 32 && c.group == 32 ? 5 : 6) : 0) << "split codes";
+    if (c.int4)  // plain codes (no codebook shuffle) in groups of 32 along K: qword panels where the kernel takes them
+      EXPECT_EQ(p.qword_panels, kd->qword_panels && !p.code_shuffle && !a16 && c.group == 32 && K % 32 == 0) << "qword panels";
+    if (p.qword_panels) {  // the codes read back through the reordered panels (unpack, files)
+      std::vector<uint16_t> row(static_cast<size_t>(K));
+      for (int64_t e = 0; e < E; e += E - 1)
+        for (int64_t n = 0; n < N; n += 7) {
+          p.code_row(e, n, row.data());
+          for (int64_t k = 0; k < K; ++k) {
+            const int8_t v = q[size_t((e * N + n) * K + k)];
+            ASSERT_EQ(int(row[size_t(k)]), c.codebook ? int(uint8_t(v)) : v + 8) << "code (" << e << ", " << n << ", " << k << ")";
+          }
+        }
+    }
     ++ran;
     // activations: random, or +-127 of one sign per row (the extremes of every int16 / int32 sum)
     auto aq = test::ints(g, size_t(R * K), -127, 127);

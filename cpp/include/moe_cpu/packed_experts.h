@@ -96,6 +96,9 @@ struct PackedExperts {
   int split_bits = 0;  // 0: int8 panels
   int split_zero = 0;
   AlignedBuffer qhigh;
+  // Qword panels (int4 plain codes in groups of 32, for a kernel with KernelDesc::qword_panels: the AVX2 vpmaddubsw
+  // kernel): the same bytes as the int4 panels in another order inside each step's halves (cpp/src/moe/qword_panels.h).
+  bool qword_panels = false;
   const KernelDesc* kernel = nullptr;
 
   Scheme run_scheme() const { return moe_cpu::run_scheme(scheme, a16); }  // what runs: the kernels' scheme

@@ -68,6 +68,7 @@ struct KernelDesc {
   bool (*gathers_rows)(const PackedExperts& w, int64_t rows) = nullptr;
   bool half_scales = false;  // int schemes: takes fp16 scales (PackedExperts::half_scales)
   bool split_codes = false;  // int8: takes split 5- / 6-bit codes (PackedExperts::split_bits), and with them integer mins
+  bool qword_panels = false;  // int4: takes qword panels (PackedExperts::qword_panels)
 };
 
 // Best registered kernel for `w` (scheme and shape set) under the active features; the

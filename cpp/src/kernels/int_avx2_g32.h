@@ -6,6 +6,8 @@
 //     vpmaddwd, minus code_zero * the group's code sum (int32);
 //   int4 kSigned, int8: vpmaddubsw(|w|, sign(a, w)) then vpmaddwd per 4 channels (2 * 128 * 127 < 2^15), in
 //     passes of 16 channels (w = codebook value, or the int8 byte minus 128);
+//   int4 kQword (plain codes on qword panels, moe/qword_panels.h): per 8 k one 8-byte broadcast of the activations
+//     for both nibble vectors (no vpshufd), 8 vpmaddubsw into two int16 sums, one vphaddw, one vpmaddwd;
 // then, as IntAvx2 computes them (the same integers, the same fp32 operations in the same order):
 // converted, times the group's block scale (kBlk), fmadd with the group scale, minus min * the group's
 // scaled code sum. The decode tile (one row) stays IntAvx2's.
@@ -38,6 +40,25 @@ inline bool int4_g32_fits(const PackedExperts& w, const ActRows& a, Codes c) {  
 // int8: groups of 16 or 32 (the passes per group, 1 or 2), else 0.
 inline int int8_g32_passes(const PackedExperts& w, const ActRows& a) {  // (declared in int_avx2.h)
   return g32_fits(w, a, 16) ? 1 : g32_fits(w, a, 32) ? 2 : 0;
+}
+
+// The 8 activation bytes at p in every 8-byte lane.
+inline __m256i bcast8(const int8_t* p) {
+  int64_t v;
+  std::memcpy(&v, p, 8);
+  return _mm256_set1_epi64x(v);
+}
+
+// One row's exact int32 of a group of 32 plain codes on qword panels, 8 columns in order (moe/qword_panels.h): lo /
+// hi the 4 steps' low / high nibbles (columns {0, 1, 4, 5} / {2, 3, 6, 7}), y the group's activations. Each int16
+// lane of the two sums adds 8 products, the vphaddw 16 (<= 16 * 15 * 127 < 2^15).
+inline __m256i qword_group(const __m256i* lo, const __m256i* hi, const int8_t* y, __m256i ones) {
+  const __m256i b0 = bcast8(y), b1 = bcast8(y + 8), b2 = bcast8(y + 16), b3 = bcast8(y + 24);
+  const __m256i s0 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[0], b0), _mm256_maddubs_epi16(lo[1], b1)),
+                                      _mm256_add_epi16(_mm256_maddubs_epi16(lo[2], b2), _mm256_maddubs_epi16(lo[3], b3)));
+  const __m256i s1 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(hi[0], b0), _mm256_maddubs_epi16(hi[1], b1)),
+                                      _mm256_add_epi16(_mm256_maddubs_epi16(hi[2], b2), _mm256_maddubs_epi16(hi[3], b3)));
+  return _mm256_madd_epi16(_mm256_hadd_epi16(s0, s1), ones);
 }
 
 // The 16 activation bytes at p in both 128-bit lanes.
@@ -95,7 +116,8 @@ struct IntAvx2G32 {
       const bool widen = forms.imn && !a.blk_mins;
       const float* mn = !w.has_mins || widen ? nullptr : a.blk_mins ? a.blk_mins : w.mins.as<float>() + sbase;
       constexpr int64_t gl = 16 * P, gbytes = kInt4 ? 8 * gl : 16 * gl;  // a group's bytes in one half-panel
-      const G32Rows<MR, kBlk> rows(a, r0, G, w.has_mins, kInt4 && C == Codes::kPlain ? w.code_zero : 0);
+      constexpr bool kPlainCodes = kInt4 && (C == Codes::kPlain || C == Codes::kQword);
+      const G32Rows<MR, kBlk> rows(a, r0, G, w.has_mins, kPlainCodes ? w.code_zero : 0);
       const auto& arow = rows.arow;
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
       const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
@@ -118,12 +140,15 @@ struct IntAvx2G32 {
           const auto finish = [&](int r, __m256i exact) __attribute__((always_inline)) {
             acc[r] = rows.finish(r, gi, exact, sv, mg, acc[r]);
           };
-          if constexpr (kInt4 && C == Codes::kPlain) {
+          if constexpr (kPlainCodes) {
             __m256i lo[4], hi[4];
             _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
               const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + t * 64));
               lo[t] = _mm256_and_si256(v, low4), hi[t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
             }
+            if constexpr (C == Codes::kQword)
+              _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) finish(r, qword_group(lo, hi, arow[r] + gi * 32, ones));
+            else
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
               // the group's 32 activation bytes as two 16-byte halves in both lanes; vpshufd picks each step's 4
               const __m256i yl = bcast16(arow[r] + gi * 32), yh = bcast16(arow[r] + gi * 32 + 16);
@@ -176,6 +201,60 @@ struct IntAvx2G32 {
     }
   };
 };
+
+// One row, column block b, on qword panels (plain int4 codes in groups of 32): IntAvx2's decode, the same int32 per
+// group and the same fp32 operations in the same order (integer mins as its run term), so the same bits.
+template <int kBlk>
+void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
+  const int64_t G = a.G, ri = a.row_idx[0];
+  const uint8_t* pn = w.panel(e, b);
+  const int8_t* y = a.q + ri * a.Kp;
+  const int32_t* asr = a.asum + ri * G;
+  const float* bsr = kBlk ? a.bscale + ri * G : nullptr;
+  const float* asf = w.has_mins ? a.asum_f32 + ri * G : nullptr;
+  const float* sc = w.scales.as<float>();
+  const float* mins = w.has_mins && !w.imin_groups ? w.mins.as<float>() : nullptr;
+  const IntForms forms(w, e, b, G);
+  const ScaleIndex sx(w, e, b, G);
+  const GroupSidePrefetch side(w, forms, sx);
+  alignas(32) float corr[2][8];
+  const bool run_mins = w.has_mins && forms.imn;
+  if (run_mins) {
+    const bool f32_sums = kBlk != 0 && imins_f32(w);  // blocks shorter than a run
+    int_mins_term_ymm<2>(forms, f32_sums ? nullptr : a.asum16 + ri * a.G2, bsr, f32_sums ? a.asum_f32 + ri * G : nullptr, corr);
+  }
+  const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const int zc = w.code_zero;
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t g0 = 0; g0 < G; g0 += kIMinRun) {  // runs of groups: their fp16 d / dmin widened once
+    __m256 run_d[2], run_dm[2];
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) run_d[h] = forms.run_d(0, g0, h * 8), run_dm[h] = forms.run_dmin(0, g0, h * 8);
+    for (int64_t gi = g0; gi < std::min(G, g0 + kIMinRun); ++gi) {
+      side.at<1>(gi);
+      const uint8_t* pg = pn + gi * 256;
+      _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) _mm_prefetch((const char*)(pg + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
+      _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
+        __m256i lo[4], hi[4];
+        _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+          const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + t * 64 + h * 32));
+          lo[t] = _mm256_and_si256(v, low4), hi[t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+        const __m256i exact = _mm256_add_epi32(_mm256_set1_epi32(-zc * asr[gi]), qword_group(lo, hi, y + gi * 32, ones));
+        const __m256 sv = forms.scales(nullptr, 0, gi, h * 8, sc, sx(0, gi) + h * 8, run_d[h]);
+        __m256 x = _mm256_cvtepi32_ps(exact);
+        if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_set1_ps(bsr[gi]));
+        acc[h] = _mm256_fmadd_ps(x, sv, acc[h]);
+        if (asf && !run_mins)
+          acc[h] = _mm256_fnmadd_ps(forms.mins(nullptr, 0, gi, h * 8, mins, sx(0, gi) + h * 8, run_dm[h]), _mm256_broadcast_ss(asf + gi), acc[h]);
+      }
+    }
+  }
+  alignas(32) float out[16];
+  const __m256 rs = _mm256_set1_ps(a.scale[ri]);
+  _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
+    _mm256_store_ps(out + 8 * h, _mm256_mul_ps(run_mins ? _mm256_sub_ps(acc[h], _mm256_load_ps(corr[h])) : acc[h], rs));
+  std::memcpy(c, out, size_t(valid_cols(w, b)) * 4);
+}
 
 // drive() for row tiles of up to R rows, the rows split evenly over the fewest tiles (11 rows: 6 + 5, not 8 + 3),
 // one column block at a time.

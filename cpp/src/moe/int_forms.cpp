@@ -2,6 +2,7 @@
 // and the way back to floats.
 #include "moe/int_forms.h"
 #include "moe/split_codes.h"
+#include "moe/qword_panels.h"
 
 #include <atomic>
 #include <cmath>
@@ -173,6 +174,8 @@ void set_kernel(PackedExperts& p, const KernelDesc* kd) {
   p.kernel = kd;
   if (p.split_bits && !kd->split_codes) join_split_codes(p);
   if (kd->split_codes) derive_split_codes(p);  // first: split codes take integer mins
+  if (p.qword_panels && !kd->qword_panels) join_qword_panels(p);
+  if (kd->qword_panels) derive_qword_panels(p);
   if (p.imin_groups && !takes_int_mins(p)) p.mins = float_mins(p), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer(), p.imin_groups = 0;
   if (p.iscale_groups && !kd->int_scales)
     p.scales = float_scales(p), p.iscales = AlignedBuffer(), p.dscales = AlignedBuffer(), p.iscale_groups = 0;

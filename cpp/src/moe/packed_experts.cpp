@@ -12,6 +12,7 @@
 #include "common/numeric.h"
 #include "common/parallel.h"
 #include "moe/split_codes.h"
+#include "moe/qword_panels.h"
 #include "moe_cpu/errors.h"
 
 namespace moe_cpu {
@@ -95,6 +96,14 @@ void PackedExperts::code_row(int64_t e, int64_t n, uint16_t* out) const {
     const uint8_t* row = p + t * layout::step_bytes(scheme);
     switch (scheme) {
       case Scheme::kInt4W4A8:
+        if (qword_panels) {
+          for (int i = 0; i < 8; ++i) {
+            bool high = false;
+            const uint8_t b = row[qword_byte(c, i, &high)];
+            if (8 * t + i < K) out[8 * t + i] = high ? b >> 4 : b & 0xf;
+          }
+          break;
+        }
         for (int i = 0; i < 4; ++i) {
           if (8 * t + i < K) out[8 * t + i] = row[4 * c + i] & 0xf;
           if (8 * t + 4 + i < K) out[8 * t + 4 + i] = row[4 * c + i] >> 4;

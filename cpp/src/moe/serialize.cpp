@@ -28,6 +28,7 @@
 #include "dispatch/registry.h"
 #include "moe/int_forms.h"
 #include "moe/split_codes.h"
+#include "moe/qword_panels.h"
 #include "moe_cpu/errors.h"
 #include "moe_cpu/packed_experts.h"
 
@@ -120,9 +121,11 @@ void save_packed(const PackedExperts& p, const std::string& path) {
   const bool form_scales = p.iscale_groups || p.half_scales;
   const AlignedBuffer fmins = p.imin_groups ? float_mins(p) : AlignedBuffer();
   const AlignedBuffer fscales = form_scales ? float_scales(p) : AlignedBuffer();
-  const AlignedBuffer codes = p.split_bits ? joined_codes(p) : AlignedBuffer();  // split codes: the int8 panels
+  // split codes: the int8 panels; qword panels: the standard order
+  const AlignedBuffer codes = p.split_bits ? joined_codes(p) : p.qword_panels ? standard_panels(p) : AlignedBuffer();
   const auto buffer = [&](int i) -> const AlignedBuffer& {
-    return i == 3 && p.imin_groups ? fmins : i == 1 && form_scales ? fscales : i == 0 && p.split_bits ? codes : section_buffer(p, i);
+    return i == 3 && p.imin_groups ? fmins : i == 1 && form_scales ? fscales
+           : i == 0 && (p.split_bits || p.qword_panels) ? codes : section_buffer(p, i);
   };
   for (int i = 0; i < int(kSections); ++i) {
     const AlignedBuffer& b = buffer(i);

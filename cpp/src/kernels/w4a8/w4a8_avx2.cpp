@@ -14,6 +14,7 @@ namespace moe_cpu {
 extern const KernelDesc kernel_w4a8_avx2{"w4a8_avx2_4x16", Scheme::kInt4W4A8, "avx2", 4, 16, kFeatAvx2, nullptr,
                                          kernels::int4_avx2_gemm<kernels::IntDot::kMaddubs, 4, 1, 1>,
                                          /*f32_acts=*/false, /*int_mins=*/true, /*int_scales=*/true,
-                                         /*gathers_rows=*/nullptr, /*half_scales=*/true};
+                                         /*gathers_rows=*/nullptr, /*half_scales=*/true, /*split_codes=*/false,
+                                         /*qword_panels=*/true};
 
 }  // namespace moe_cpu

@@ -1,0 +1,31 @@
+// qword_panels.h — int4 panels for the AVX2 vpmaddubsw kernel's plain codes in groups of 32 (GGUF Q4_0, Q4_K;
+// PackedExperts::qword_panels, KernelDesc::qword_panels). The same bytes per step as the int4 panel layout
+// (common/layout.h: 64 bytes = 16 columns x 8 k), another order inside each 32-byte half (8 columns): byte
+// 32h + 16L + 8q + i holds code (column 8h + 4L + q, k 8t + i) in its low nibble and (column 8h + 4L + 2 + q,
+// k 8t + i) in its high one. A column's 8 codes of a step fill one 8-byte lane, so one 8-byte broadcast of the
+// activations meets both nibble vectors (no vpshufd), and a vphaddw of the two int16 sums puts the 8 columns back
+// in order (int_avx2_g32.h, Codes::kQword).
+#pragma once
+#include <cstdint>
+
+#include "moe_cpu/packed_experts.h"
+
+namespace moe_cpu {
+
+// The byte within a step of column c (0..15 of the block) and k (0..7 of the step), and whether its code is in
+// the high nibble.
+inline int64_t qword_byte(int64_t c, int64_t i, bool* high) {
+  const int64_t h = c / 8, cc = c % 8;
+  *high = cc % 4 >= 2;
+  return 32 * h + 16 * (cc / 4) + 8 * (cc % 2) + i;
+}
+
+// Reorders p's int4 panels (kernel forms, set_kernel) when p is int4 A8 with plain codes (no codebook shuffle, no
+// zero points) in groups of 32 along all of K (at most 512 groups).
+void derive_qword_panels(PackedExperts& p);
+// The int4 panels in the standard layout, for files and for kernels without the form.
+AlignedBuffer standard_panels(const PackedExperts& p);
+// Back to the standard layout.
+void join_qword_panels(PackedExperts& p);
+
+}  // namespace moe_cpu

@@ -39,7 +39,8 @@ inline __m256 half8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(
 enum class IntDot { kMaddubs, kVnniVex, kVnniEvex, kMaddwd16 };
 // How int4 codes become multiplier bytes: as stored, through code_table, or as |codebook| with the
 // sign moved onto the activations (vpmaddubsw with code_table bytes > 31).
-enum class Codes { kPlain, kTable, kSigned, kQword };  // kQword: plain codes in qword panels (moe/qword_panels.h)
+// kQword / kQwordSigned: kPlain / kSigned codes in qword panels (moe/qword_panels.h)
+enum class Codes { kPlain, kTable, kSigned, kQword, kQwordSigned };
 
 // acc += dot4(u8, s8) per int32 lane, accumulator in place (as in int_avx512vnni.h).
 template <IntDot D>
@@ -411,20 +412,22 @@ void int8_avx2_g32_gemm(int P, const PackedExperts& w, int64_t e, int64_t b0, in
                         int64_t ldc);
 inline void int8_avx2_split_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                                  int64_t ldc);  // int_avx2_split.h: split 5- / 6-bit codes
-template <int kBlk>
+template <int kBlk, bool kSigned>
 void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c);  // int_avx2_g32.h
 
 // The int4 GEMM of dot D with codes C: groups of 32 in IntAvx2G32's row tiles where they fit, else IntAvx2.
 template <IntDot D, Codes C, int MR, int NJ, int ND, int kBlk>
 void int4_avx2_code_form_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                               int64_t ldc) {
-  if constexpr (D == IntDot::kMaddubs && kBlk <= 1 && C == Codes::kPlain)
+  if constexpr (D == IntDot::kMaddubs && kBlk <= 1 && (C == Codes::kPlain || C == Codes::kSigned))
     if (w.qword_panels) {  // (derive_qword_panels: groups of 32 along K, so row tiles always fit IntAvx2G32's)
+      constexpr bool kS = C == Codes::kSigned;
       if (a.rows == 1) {
-        for (int64_t b = b0; b < b1; ++b) int4_qword_decode<kBlk>(w, e, b, a, c + (b - b0) * 16);
+        for (int64_t b = b0; b < b1; ++b) int4_qword_decode<kBlk, kS>(w, e, b, a, c + (b - b0) * 16);
         return;
       }
-      return drive_even<IntAvx2G32<true, Codes::kQword, kBlk, 2>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+      return drive_even<IntAvx2G32<true, kS ? Codes::kQwordSigned : Codes::kQword, kBlk, 2>::template Micro, kG32Rows>(
+          w, e, b0, b1, a, c, ldc);
     }
   if constexpr (D == IntDot::kMaddubs && kBlk <= 1)
     if (int4_g32_fits(w, a, C)) return drive_even<IntAvx2G32<true, C, kBlk, 2>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);

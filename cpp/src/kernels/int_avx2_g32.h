@@ -8,6 +8,7 @@
 //     passes of 16 channels (w = codebook value, or the int8 byte minus 128);
 //   int4 kQword (plain codes on qword panels, moe/qword_panels.h): per 8 k one 8-byte broadcast of the activations
 //     for both nibble vectors (no vpshufd), 8 vpmaddubsw into two int16 sums, one vphaddw, one vpmaddwd;
+//   int4 kQwordSigned: kSigned's products on qword panels, the two int32 sums of a pass added pairwise (vphaddd);
 // then, as IntAvx2 computes them (the same integers, the same fp32 operations in the same order):
 // converted, times the group's block scale (kBlk), fmadd with the group scale, minus min * the group's
 // scaled code sum. The decode tile (one row) stays IntAvx2's.
@@ -121,7 +122,7 @@ struct IntAvx2G32 {
       const auto& arow = rows.arow;
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
       const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
-          C == Codes::kSigned ? (const void*)w.codebook : (const void*)w.code_table)));
+          C == Codes::kSigned || C == Codes::kQwordSigned ? (const void*)w.codebook : (const void*)w.code_table)));
       const __m256i abs_table = _mm256_abs_epi8(table);
       NextGroupPrefetch<> pf(w, e, b, 1, r0, MR, a.rows, 2 * a.Kp / (kInt4 ? 8 : 4));
       alignas(32) float out[MR][16];
@@ -180,12 +181,18 @@ struct IntAvx2G32 {
                 }
               }
               _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-                const __m256i y = bcast16(arow[r] + gi * gl + p * 16);
                 const auto d = [&](int q, __m256i yq) __attribute__((always_inline)) {
                   return _mm256_madd_epi16(_mm256_maddubs_epi16(aw[q], _mm256_sign_epi8(yq, sw[q])), ones);
                 };
-                const __m256i part = _mm256_add_epi32(_mm256_add_epi32(d(0, _mm256_shuffle_epi32(y, 0x00)), d(1, _mm256_shuffle_epi32(y, 0x55))),
-                                                      _mm256_add_epi32(d(2, _mm256_shuffle_epi32(y, 0xaa)), d(3, _mm256_shuffle_epi32(y, 0xff))));
+                __m256i part;
+                if constexpr (C == Codes::kQwordSigned) {  // sw / aw: step t's columns {0, 1, 4, 5} at 2t, the others at 2t + 1
+                  const __m256i b0 = bcast8(arow[r] + gi * gl + p * 16), b1 = bcast8(arow[r] + gi * gl + p * 16 + 8);
+                  part = _mm256_hadd_epi32(_mm256_add_epi32(d(0, b0), d(2, b1)), _mm256_add_epi32(d(1, b0), d(3, b1)));
+                } else {
+                  const __m256i y = bcast16(arow[r] + gi * gl + p * 16);
+                  part = _mm256_add_epi32(_mm256_add_epi32(d(0, _mm256_shuffle_epi32(y, 0x00)), d(1, _mm256_shuffle_epi32(y, 0x55))),
+                                          _mm256_add_epi32(d(2, _mm256_shuffle_epi32(y, 0xaa)), d(3, _mm256_shuffle_epi32(y, 0xff))));
+                }
                 if (P == 1) finish(r, part);
                 else if (p == 0) s[r] = part;
                 else finish(r, _mm256_add_epi32(s[r], part));
@@ -202,9 +209,10 @@ struct IntAvx2G32 {
   };
 };
 
-// One row, column block b, on qword panels (plain int4 codes in groups of 32): IntAvx2's decode, the same int32 per
-// group and the same fp32 operations in the same order (integer mins as its run term), so the same bits.
-template <int kBlk>
+// One row, column block b, on qword panels (int4 codes in groups of 32, plain or kSigned: |codebook| and the sign on
+// the activations): IntAvx2's decode, the same int32 per group and the same fp32 operations in the same order
+// (integer mins as its run term), so the same bits.
+template <int kBlk, bool kSigned>
 void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
   const int64_t G = a.G, ri = a.row_idx[0];
   const uint8_t* pn = w.panel(e, b);
@@ -224,7 +232,9 @@ void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b, const ActRo
     int_mins_term_ymm<2>(forms, f32_sums ? nullptr : a.asum16 + ri * a.G2, bsr, f32_sums ? a.asum_f32 + ri * G : nullptr, corr);
   }
   const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-  const int zc = w.code_zero;
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codebook)));
+  const __m256i abs_table = _mm256_abs_epi8(table);
+  const int zc = kSigned ? 0 : w.code_zero;
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t g0 = 0; g0 < G; g0 += kIMinRun) {  // runs of groups: their fp16 d / dmin widened once
     __m256 run_d[2], run_dm[2];
@@ -239,7 +249,21 @@ void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b, const ActRo
           const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + t * 64 + h * 32));
           lo[t] = _mm256_and_si256(v, low4), hi[t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
         }
-        const __m256i exact = _mm256_add_epi32(_mm256_set1_epi32(-zc * asr[gi]), qword_group(lo, hi, y + gi * 32, ones));
+        __m256i exact;
+        if constexpr (kSigned) {
+          __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+          _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+            const __m256i bt = bcast8(y + gi * 32 + t * 8);
+            const auto d = [&](__m256i u) __attribute__((always_inline)) {
+              return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi8(abs_table, u),
+                                                            _mm256_sign_epi8(bt, _mm256_shuffle_epi8(table, u))), ones);
+            };
+            s0 = _mm256_add_epi32(s0, d(lo[t])), s1 = _mm256_add_epi32(s1, d(hi[t]));
+          }
+          exact = _mm256_hadd_epi32(s0, s1);
+        } else {
+          exact = _mm256_add_epi32(_mm256_set1_epi32(-zc * asr[gi]), qword_group(lo, hi, y + gi * 32, ones));
+        }
         const __m256 sv = forms.scales(nullptr, 0, gi, h * 8, sc, sx(0, gi) + h * 8, run_d[h]);
         __m256 x = _mm256_cvtepi32_ps(exact);
         if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_set1_ps(bsr[gi]));

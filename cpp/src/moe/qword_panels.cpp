@@ -1,6 +1,8 @@
 // qword_panels.cpp — int4 panels to the qword order and back (layout: qword_panels.h).
 #include "moe/qword_panels.h"
 
+#include <algorithm>
+
 #include "common/layout.h"
 #include "common/parallel.h"
 
@@ -48,8 +50,10 @@ AlignedBuffer permuted(const PackedExperts& p, bool to_qword) {
 }  // namespace
 
 void derive_qword_panels(PackedExperts& p) {
-  if (p.qword_panels || p.scheme != Scheme::kInt4W4A8 || p.a16 || p.has_zeros || p.code_shuffle || p.qweight.size() == 0)
-    return;
+  if (p.qword_panels || p.scheme != Scheme::kInt4W4A8 || p.a16 || p.has_zeros || p.qweight.size() == 0) return;
+  int top = 0;  // a codebook: as |codebook| with the sign on the activations (code_table bytes > 31), not as table bytes
+  for (uint8_t u : p.code_table) top = std::max(top, int(u));
+  if (p.code_shuffle && top <= 31) return;
   const int64_t K = p.in_features;
   if (p.group_len() != 32 || K % 32 || p.padded_k() != K || p.num_groups() > kQwordMaxGroups) return;
   p.qweight = permuted(p, true), p.qword_panels = true;

@@ -1,4 +1,5 @@
-// qword_panels.h — int4 panels for the AVX2 vpmaddubsw kernel's plain codes in groups of 32 (GGUF Q4_0, Q4_K;
+// qword_panels.h — int4 panels for the AVX2 vpmaddubsw kernel's plain or signed-codebook codes in groups of 32 (GGUF
+// Q4_0, Q4_K, IQ4_NL, IQ4_XS;
 // PackedExperts::qword_panels, KernelDesc::qword_panels). The same bytes per step as the int4 panel layout
 // (common/layout.h: 64 bytes = 16 columns x 8 k), another order inside each 32-byte half (8 columns): byte
 // 32h + 16L + 8q + i holds code (column 8h + 4L + q, k 8t + i) in its low nibble and (column 8h + 4L + 2 + q,
@@ -20,8 +21,8 @@ inline int64_t qword_byte(int64_t c, int64_t i, bool* high) {
   return 32 * h + 16 * (cc / 4) + 8 * (cc % 2) + i;
 }
 
-// Reorders p's int4 panels (kernel forms, set_kernel) when p is int4 A8 with plain codes (no codebook shuffle, no
-// zero points) in groups of 32 along all of K (at most 512 groups).
+// Reorders p's int4 panels (kernel forms, set_kernel) when p is int4 A8 without zero points, its codes plain or through
+// a codebook the kernel takes as |codebook| (code_table bytes above 31), in groups of 32 along all of K (at most 512).
 void derive_qword_panels(PackedExperts& p);
 // The int4 panels in the standard layout, for files and for kernels without the form.
 AlignedBuffer standard_panels(const PackedExperts& p);

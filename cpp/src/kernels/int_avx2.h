@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "common/layout.h"
@@ -431,6 +432,8 @@ void int4_avx2_code_form_gemm(const PackedExperts& w, int64_t e, int64_t b0, int
     }
   if constexpr (D == IntDot::kMaddubs && kBlk <= 1)
     if (int4_g32_fits(w, a, C)) return drive_even<IntAvx2G32<true, C, kBlk, 2>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+  if (w.qword_panels)  // (activation blocks shorter than a group of 32 do not exist: a guard, not a path)
+    throw std::logic_error("int4 qword panels reached a kernel path without them");
   drive<IntAvx2<true, D, C, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
 }
 

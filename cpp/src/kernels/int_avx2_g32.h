@@ -209,37 +209,72 @@ struct IntAvx2G32 {
   };
 };
 
+// One decode row (IntAvx2Split's and the qword decode): its activation codes, code sums, block scales (kBlk) and fp32
+// code sums (weights with mins), column block b's scale forms, and IntAvx2's group epilogue and output.
+template <int kBlk>
+struct DecodeRow {
+  const int64_t ri;
+  const int8_t* y;
+  const int32_t* asr;
+  const float *bsr, *asf, *sc, *mins;
+  const IntForms forms;
+  const ScaleIndex sx;
+  DecodeRow(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a)
+      : ri(a.row_idx[0]), y(a.q + ri * a.Kp), asr(a.asum + ri * a.G), bsr(kBlk ? a.bscale + ri * a.G : nullptr),
+        asf(w.has_mins ? a.asum_f32 + ri * a.G : nullptr), sc(w.scales.as<float>()),
+        mins(w.has_mins && !w.imin_groups ? w.mins.as<float>() : nullptr), forms(w, e, b, a.G), sx(w, e, b, a.G) {}
+  // acc plus group gi's exact int32 on half h: converted, times its block scale, fmadd with the group scale, and with
+  // group_mins minus min * the group's scaled code sum. d / dm: the run's fp16 d / dmin, widened.
+  __attribute__((always_inline)) __m256 group(int64_t gi, int h, __m256i exact, __m256 d, __m256 dm, bool group_mins,
+                                              __m256 acc) const {
+    const __m256 sv = forms.scales(nullptr, 0, gi, h * 8, sc, sx(0, gi) + h * 8, d);
+    __m256 x = _mm256_cvtepi32_ps(exact);
+    if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_set1_ps(bsr[gi]));
+    acc = _mm256_fmadd_ps(x, sv, acc);
+    if (group_mins)
+      acc = _mm256_fnmadd_ps(forms.mins(nullptr, 0, gi, h * 8, mins, sx(0, gi) + h * 8, dm), _mm256_broadcast_ss(asf + gi), acc);
+    return acc;
+  }
+  // body(gi, d, dm) for groups [0, G) in order, d / dm: the run's fp16 d / dmin, widened once per run.
+  template <class Body>
+  __attribute__((always_inline)) void groups(int64_t G, const Body& body) const {
+    for (int64_t g0 = 0; g0 < G; g0 += kIMinRun) {
+      __m256 d[2], dm[2];
+      _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) d[h] = forms.run_d(0, g0, h * 8), dm[h] = forms.run_dmin(0, g0, h * 8);
+      for (int64_t gi = g0; gi < std::min(G, g0 + kIMinRun); ++gi) body(gi, d, dm);
+    }
+  }
+  // (acc - corr) times the row scale, the block's valid columns to c (corr: nullptr, or the run mins term).
+  void store(const PackedExperts& w, int64_t b, const ActRows& a, const __m256* acc, const float (*corr)[8], float* c) const {
+    alignas(32) float out[16];
+    const __m256 rs = _mm256_set1_ps(a.scale[ri]);
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
+      _mm256_store_ps(out + 8 * h, _mm256_mul_ps(corr ? _mm256_sub_ps(acc[h], _mm256_load_ps(corr[h])) : acc[h], rs));
+    std::memcpy(c, out, size_t(valid_cols(w, b)) * 4);
+  }
+};
+
 // One row, column block b, on qword panels (int4 codes in groups of 32, plain or kSigned: |codebook| and the sign on
 // the activations): IntAvx2's decode, the same int32 per group and the same fp32 operations in the same order
 // (integer mins as its run term), so the same bits.
 template <int kBlk, bool kSigned>
 void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
-  const int64_t G = a.G, ri = a.row_idx[0];
+  const int64_t G = a.G;
   const uint8_t* pn = w.panel(e, b);
-  const int8_t* y = a.q + ri * a.Kp;
-  const int32_t* asr = a.asum + ri * G;
-  const float* bsr = kBlk ? a.bscale + ri * G : nullptr;
-  const float* asf = w.has_mins ? a.asum_f32 + ri * G : nullptr;
-  const float* sc = w.scales.as<float>();
-  const float* mins = w.has_mins && !w.imin_groups ? w.mins.as<float>() : nullptr;
-  const IntForms forms(w, e, b, G);
-  const ScaleIndex sx(w, e, b, G);
-  const GroupSidePrefetch side(w, forms, sx);
+  const DecodeRow<kBlk> r(w, e, b, a);
+  const GroupSidePrefetch side(w, r.forms, r.sx);
   alignas(32) float corr[2][8];
-  const bool run_mins = w.has_mins && forms.imn;
+  const bool run_mins = w.has_mins && r.forms.imn;
   if (run_mins) {
     const bool f32_sums = kBlk != 0 && imins_f32(w);  // blocks shorter than a run
-    int_mins_term_ymm<2>(forms, f32_sums ? nullptr : a.asum16 + ri * a.G2, bsr, f32_sums ? a.asum_f32 + ri * G : nullptr, corr);
+    int_mins_term_ymm<2>(r.forms, f32_sums ? nullptr : a.asum16 + r.ri * a.G2, r.bsr, f32_sums ? r.asf : nullptr, corr);
   }
   const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codebook)));
   const __m256i abs_table = _mm256_abs_epi8(table);
   const int zc = kSigned ? 0 : w.code_zero;
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (int64_t g0 = 0; g0 < G; g0 += kIMinRun) {  // runs of groups: their fp16 d / dmin widened once
-    __m256 run_d[2], run_dm[2];
-    _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) run_d[h] = forms.run_d(0, g0, h * 8), run_dm[h] = forms.run_dmin(0, g0, h * 8);
-    for (int64_t gi = g0; gi < std::min(G, g0 + kIMinRun); ++gi) {
+  r.groups(G, [&](int64_t gi, const __m256* run_d, const __m256* run_dm) __attribute__((always_inline)) {
       side.at<1>(gi);
       const uint8_t* pg = pn + gi * 256;
       _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) _mm_prefetch((const char*)(pg + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
@@ -253,7 +288,7 @@ void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b, const ActRo
         if constexpr (kSigned) {
           __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
           _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
-            const __m256i bt = bcast8(y + gi * 32 + t * 8);
+            const __m256i bt = bcast8(r.y + gi * 32 + t * 8);
             const auto d = [&](__m256i u) __attribute__((always_inline)) {
               return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi8(abs_table, u),
                                                             _mm256_sign_epi8(bt, _mm256_shuffle_epi8(table, u))), ones);
@@ -262,22 +297,12 @@ void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b, const ActRo
           }
           exact = _mm256_hadd_epi32(s0, s1);
         } else {
-          exact = _mm256_add_epi32(_mm256_set1_epi32(-zc * asr[gi]), qword_group(lo, hi, y + gi * 32, ones));
+          exact = _mm256_add_epi32(_mm256_set1_epi32(-zc * r.asr[gi]), qword_group(lo, hi, r.y + gi * 32, ones));
         }
-        const __m256 sv = forms.scales(nullptr, 0, gi, h * 8, sc, sx(0, gi) + h * 8, run_d[h]);
-        __m256 x = _mm256_cvtepi32_ps(exact);
-        if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_set1_ps(bsr[gi]));
-        acc[h] = _mm256_fmadd_ps(x, sv, acc[h]);
-        if (asf && !run_mins)
-          acc[h] = _mm256_fnmadd_ps(forms.mins(nullptr, 0, gi, h * 8, mins, sx(0, gi) + h * 8, run_dm[h]), _mm256_broadcast_ss(asf + gi), acc[h]);
+        acc[h] = r.group(gi, h, exact, run_d[h], run_dm[h], r.asf && !run_mins, acc[h]);
       }
-    }
-  }
-  alignas(32) float out[16];
-  const __m256 rs = _mm256_set1_ps(a.scale[ri]);
-  _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
-    _mm256_store_ps(out + 8 * h, _mm256_mul_ps(run_mins ? _mm256_sub_ps(acc[h], _mm256_load_ps(corr[h])) : acc[h], rs));
-  std::memcpy(c, out, size_t(valid_cols(w, b)) * 4);
+  });
+  r.store(w, b, a, acc, run_mins ? corr : nullptr, c);
 }
 
 // drive() for row tiles of up to R rows, the rows split evenly over the fewest tiles (11 rows: 6 + 5, not 8 + 3),

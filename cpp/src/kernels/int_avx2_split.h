@@ -59,26 +59,17 @@ struct IntAvx2Split {
 
   // One row, column block b.
   static void decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
-    const int64_t G = a.G, ri = a.row_idx[0];
+    const int64_t G = a.G;
     const uint8_t* pn = w.panel(e, b);
     const uint8_t* ph = w.qhigh.data() + (e * w.num_blocks() + b) * split_high_bytes(a.Kp, w.split_bits);
-    const int8_t* y = a.q + ri * a.Kp;
-    const int32_t* asr = a.asum + ri * G;
-    const float* bsr = kBlk ? a.bscale + ri * G : nullptr;
-    const float* asf = w.has_mins ? a.asum_f32 + ri * G : nullptr;
-    const float* sc = w.scales.as<float>();
-    const float* mins = w.has_mins && !w.imin_groups ? w.mins.as<float>() : nullptr;
-    const IntForms forms(w, e, b, G);
-    const ScaleIndex sx(w, e, b, G);
-    const GroupSidePrefetch side(w, forms, sx, true);
+    const DecodeRow<kBlk> r(w, e, b, a);
+    const int8_t* y = r.y;
+    const GroupSidePrefetch side(w, r.forms, r.sx, true);
     const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const __m256i hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));
     const int zc = w.split_zero;
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t r0 = 0; r0 < G; r0 += kIMinRun) {  // runs of groups: their fp16 d / dmin widened once
-     __m256 run_d[2], run_dm[2];
-     _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) run_d[h] = forms.run_d(0, r0, h * 8), run_dm[h] = forms.run_dmin(0, r0, h * 8);
-     for (int64_t gi = r0; gi < std::min(G, r0 + kIMinRun); ++gi) {
+    r.groups(G, [&](int64_t gi, const __m256* run_d, const __m256* run_dm) __attribute__((always_inline)) {
       side.at<1>(gi);
       const uint8_t* gn = pn + gi * kS * 64;
       const uint8_t* gh = ph + gi * (kS / kSpv) * 64;
@@ -86,7 +77,7 @@ struct IntAvx2Split {
       _Pragma("GCC unroll 2") for (int v = 0; v < kS / kSpv; ++v)
         _mm_prefetch((const char*)(gh + v * 64 + kDecodePrefetchBytes * kXb / 4), _MM_HINT_T1);
       __m256i s32[2];
-      s32[0] = s32[1] = _mm256_set1_epi32(-zc * asr[gi]);
+      s32[0] = s32[1] = _mm256_set1_epi32(-zc * r.asr[gi]);
       split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
         constexpr int t = decltype(tc)::value, j = 2 * (t % kSpv);
         const __m256i b0 = split_bcast4(y + (gi * kS + t) * 8), b1 = split_bcast4(y + (gi * kS + t) * 8 + 4);
@@ -99,20 +90,9 @@ struct IntAvx2Split {
           s32[h] = _mm256_add_epi32(s32[h], _mm256_madd_epi16(p, ones));
         }
       });
-      _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
-        const __m256 sv = forms.scales(nullptr, 0, gi, h * 8, sc, sx(0, gi) + h * 8, run_d[h]);
-        __m256 x = _mm256_cvtepi32_ps(s32[h]);
-        if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_set1_ps(bsr[gi]));
-        acc[h] = _mm256_fmadd_ps(x, sv, acc[h]);
-        if (asf) acc[h] = _mm256_fnmadd_ps(forms.mins(nullptr, 0, gi, h * 8, mins, sx(0, gi) + h * 8, run_dm[h]), _mm256_broadcast_ss(asf + gi), acc[h]);
-      }
-     }
-    }
-    alignas(32) float out[16];
-    const __m256 rs = _mm256_set1_ps(a.scale[ri]);
-    _mm256_store_ps(out, _mm256_mul_ps(acc[0], rs));
-    _mm256_store_ps(out + 8, _mm256_mul_ps(acc[1], rs));
-    std::memcpy(c, out, size_t(valid_cols(w, b)) * 4);
+      _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) acc[h] = r.group(gi, h, s32[h], run_d[h], run_dm[h], r.asf != nullptr, acc[h]);
+    });
+    r.store(w, b, a, acc, nullptr, c);
   }
 
   template <int MR, int NJ>

@@ -8,6 +8,7 @@
 #include "kernel_test_util.h"
 #include "moe/act_buffer.h"
 #include "moe/int_forms.h"
+#include "moe/qword_panels.h"
 #include "moe_cpu/errors.h"
 #include "moe_cpu/packed_experts.h"
 #include "test_util.h"
@@ -127,12 +128,10 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
     if (c.kscales) EXPECT_EQ(p.iscale_groups, kd->int_scales ? 8 : 0) << "integer scales";
     if (!c.int4 && c.lo8 > -128)
       EXPECT_EQ(p.split_bits, kd->split_codes ? (c.hi8 - c.lo8 < 32 && c.group == 32 ? 5 : 6) : 0) << "split codes";
-    if (c.int4) {  // plain or |codebook| codes in groups of 32 along K: qword panels where the kernel takes them
-      int top = 0;
-      for (uint8_t u : p.code_table) top = std::max(top, int(u));
-      EXPECT_EQ(p.qword_panels, kd->qword_panels && (!p.code_shuffle || top > 31) && !a16 && c.group == 32 && K % 32 == 0)
+    if (c.int4)  // plain or |codebook| codes in groups of 32 along K: qword panels where the kernel takes them
+      EXPECT_EQ(p.qword_panels,
+                kd->qword_panels && (!p.code_shuffle || code_table_top(p) > 31) && !a16 && c.group == 32 && K % 32 == 0)
           << "qword panels";
-    }
     if (p.qword_panels) {  // the codes read back through the reordered panels (unpack, files)
       std::vector<uint16_t> row(static_cast<size_t>(K));
       for (int64_t e = 0; e < E; e += E - 1)

@@ -30,6 +30,7 @@
 
 #include "common/layout.h"
 #include "kernels/tile_driver.h"
+#include "moe/qword_panels.h"
 #include "kernels/isa.h"
 
 MOE_ISA_BEGIN
@@ -406,6 +407,9 @@ template <bool kInt4, Codes C, int kBlk, int P> struct IntAvx2G32;
 template <template <int, int> class Micro, int R>
 void drive_even(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc);
 constexpr int kG32Rows = 8;
+// Whether a GEMM's row tiles read integer scales / mins from a per-block fp32 scratch: three tiles a block or more.
+// With one or two (M = 128: ~8 rows an expert) each tile widens them per group itself.
+inline bool block_scratch_pays(const ActRows& a) { return a.rows > 2 * kG32Rows; }
 inline bool int4_g32_fits(const PackedExperts& w, const ActRows& a, Codes c);
 inline int int8_g32_passes(const PackedExperts& w, const ActRows& a);
 template <int NJ, int ND>
@@ -442,9 +446,7 @@ void int4_avx2_code_form_gemm(const PackedExperts& w, int64_t e, int64_t b0, int
 template <IntDot D>
 Codes int4_codes(const PackedExperts& w) {
   if (!w.code_shuffle) return Codes::kPlain;
-  int top = 0;
-  for (uint8_t u : w.code_table) top = std::max(top, int(u));
-  return D != IntDot::kMaddubs || top <= 31 ? Codes::kTable : Codes::kSigned;
+  return D != IntDot::kMaddubs || code_table_top(w) <= 31 ? Codes::kTable : Codes::kSigned;
 }
 template <IntDot D, int MR, int NJ, int ND, int kBlk>
 void int4_avx2_codes_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
@@ -488,7 +490,7 @@ void int4_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
                     int64_t ldc) {
   static_assert(NJ == 1, "one column block per row tile");
   if (a.rows == 1 || !(w.iscale_groups || w.imin_groups) ||
-      (D == IntDot::kMaddubs && a.rows <= 2 * kG32Rows && int4_g32_fits(w, a, int4_codes<D>(w))))
+      (D == IntDot::kMaddubs && !block_scratch_pays(a) && int4_g32_fits(w, a, int4_codes<D>(w))))
     return int4_avx2_codes_gemm<D, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
   const int64_t G = a.G;
   std::vector<float> buf(size_t(2 * G * 16) + 8);

@@ -99,6 +99,22 @@ struct G32Rows {
   }
 };
 
+// A row tile's mins of each group's 8 columns: float mins (the weights', or the block's scratch a.blk_mins), integer
+// ones widened per group for all the tile's rows (where no scratch was built), or none.
+struct TileMins {
+  const IntForms& forms;
+  const bool widen;
+  const float* const mn;
+  TileMins(const PackedExperts& w, const ActRows& a, const IntForms& f, int64_t sbase)
+      : forms(f), widen(f.imn && !a.blk_mins),
+        mn(!w.has_mins || widen ? nullptr : a.blk_mins ? a.blk_mins : w.mins.as<float>() + sbase) {}
+  // Group gi's mins at columns c8..c8+7 (buf: 8 aligned floats, for widened ones), or nullptr.
+  __attribute__((always_inline)) const float* at(int64_t gi, int64_t c8, float* buf) const {
+    if (widen) return _mm256_store_ps(buf, forms.mins(nullptr, 0, gi, c8, nullptr, 0)), buf;
+    return mn ? mn + gi * 16 + c8 : nullptr;
+  }
+};
+
 // kInt4: int4 codes C in groups of 32 (P = 2); else int8 in groups of 16 P.
 template <bool kInt4, Codes C, int kBlk, int P>
 struct IntAvx2G32 {
@@ -112,10 +128,7 @@ struct IntAvx2G32 {
       const int64_t sbase = ScaleIndex(w, e, b, G).base;
       const float* sc = w.scales.as<float>();
       const IntForms forms(w, e, b, G);  // scales: a.blk_scales, fp16, integer or fp32, [G][16] from sbase
-      // float mins, or integer ones widened once per column block (a.blk_mins) or per group and 8 columns for all
-      // the tile's rows
-      const bool widen = forms.imn && !a.blk_mins;
-      const float* mn = !w.has_mins || widen ? nullptr : a.blk_mins ? a.blk_mins : w.mins.as<float>() + sbase;
+      const TileMins mins(w, a, forms, sbase);
       constexpr int64_t gl = 16 * P, gbytes = kInt4 ? 8 * gl : 16 * gl;  // a group's bytes in one half-panel
       constexpr bool kPlainCodes = kInt4 && (C == Codes::kPlain || C == Codes::kQword);
       const G32Rows<MR, kBlk> rows(a, r0, G, w.has_mins, kPlainCodes ? w.code_zero : 0);
@@ -136,8 +149,7 @@ struct IntAvx2G32 {
           const __m256 sv = forms.scales(a.blk_scales, 0, gi, h * 8, sc, sbase + gi * 16 + h * 8);
           // One row's group: the exact int32 sums to the fp32 sum, as IntAvx2's epilogue.
           alignas(32) float imv[8];
-          if (widen) _mm256_store_ps(imv, forms.mins(nullptr, 0, gi, h * 8, nullptr, 0));
-          const float* mg = widen ? imv : mn ? mn + gi * 16 + h * 8 : nullptr;
+          const float* mg = mins.at(gi, h * 8, imv);
           const auto finish = [&](int r, __m256i exact) __attribute__((always_inline)) {
             acc[r] = rows.finish(r, gi, exact, sv, mg, acc[r]);
           };

@@ -106,10 +106,7 @@ struct IntAvx2Split {
       const int64_t sbase = ScaleIndex(w, e, b, G).base;
       const float* sc = w.scales.as<float>();
       const IntForms forms(w, e, b, G);
-      // float mins, integer ones (Q5_K) widened once per column block (a.blk_mins) or per group and 8 columns for all
-      // the tile's rows
-      const bool widen = forms.imn && !a.blk_mins;
-      const float* mn = !w.has_mins || widen ? nullptr : a.blk_mins ? a.blk_mins : w.mins.as<float>() + sbase;
+      const TileMins mins(w, a, forms, sbase);  // float mins, or integer ones (Q5_K)
       const G32Rows<MR, kBlk> rows(a, r0, G, w.has_mins, w.split_zero);
       const auto& arow = rows.arow;
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
@@ -125,8 +122,7 @@ struct IntAvx2Split {
           const uint8_t* gh = ph + gi * (kS / kSpv) * 64 + h * 32;
           const __m256 sv = forms.scales(a.blk_scales, 0, gi, h * 8, sc, sbase + gi * 16 + h * 8);
           alignas(32) float imv[8];
-          if (widen) _mm256_store_ps(imv, forms.mins(nullptr, 0, gi, h * 8, nullptr, 0));
-          const float* gmn = widen ? imv : mn ? mn + gi * 16 + h * 8 : nullptr;
+          const float* gmn = mins.at(gi, h * 8, imv);
           __m256i lo[kS], hi[kS];
           split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
             constexpr int t = decltype(tc)::value, j = 2 * (t % kSpv);
@@ -177,7 +173,7 @@ void int8_avx2_split_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int6
     for (int64_t b = b0; b < b1; ++b) IntAvx2Split<kXb, kBlk, kS>::decode(w, e, b, a, c + (b - b0) * 16);
     return;
   }
-  if (!w.imin_groups || a.rows <= 2 * kG32Rows)  // integer mins: widened per row tile (Q5_K at M = 128: one a block)
+  if (!w.imin_groups || !block_scratch_pays(a))  // integer mins: widened per row tile (Q5_K at M = 128: one a block)
     return drive_even<IntAvx2Split<kXb, kBlk, kS>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
   // three row tiles or more a block: its integer mins widened once for all of them (Q5_K, M = 512, against float
   // mins: 1.034 per tile, 1.006-1.029 so)

@@ -1,8 +1,6 @@
 // qword_panels.cpp — int4 panels to the qword order and back (layout: qword_panels.h).
 #include "moe/qword_panels.h"
 
-#include <algorithm>
-
 #include "common/layout.h"
 #include "common/parallel.h"
 
@@ -19,16 +17,16 @@ AlignedBuffer permuted(const PackedExperts& p, bool to_qword) {
     const uint8_t* s = p.qweight.data() + pi * bytes;
     uint8_t* d = out.data() + pi * bytes;
     for (int64_t t = 0; t < steps; ++t, s += 64, d += 64) {
-      uint8_t lo[16][8];  // the step's codes: lo[c][i] = code (column c, k 8t + i)
+      uint8_t code[16][8];  // the step's codes: code[c][i] of column c, k 8t + i
       for (int64_t c = 0; c < 16; ++c)
         for (int64_t i = 0; i < 8; ++i) {
           if (to_qword) {
             const uint8_t b = s[4 * c + i % 4];
-            lo[c][i] = i < 4 ? b & 15 : b >> 4;
+            code[c][i] = i < 4 ? b & 15 : b >> 4;
           } else {
             bool high = false;
             const uint8_t b = s[qword_byte(c, i, &high)];
-            lo[c][i] = high ? b >> 4 : b & 15;
+            code[c][i] = high ? b >> 4 : b & 15;
           }
         }
       for (int64_t b = 0; b < 64; ++b) d[b] = 0;
@@ -37,10 +35,10 @@ AlignedBuffer permuted(const PackedExperts& p, bool to_qword) {
           if (to_qword) {
             bool high = false;
             const int64_t at = qword_byte(c, i, &high);
-            d[at] = uint8_t(d[at] | (high ? lo[c][i] << 4 : lo[c][i]));
+            d[at] = uint8_t(d[at] | (high ? code[c][i] << 4 : code[c][i]));
           } else {
             const int64_t at = 4 * c + i % 4;
-            d[at] = uint8_t(d[at] | (i < 4 ? lo[c][i] : lo[c][i] << 4));
+            d[at] = uint8_t(d[at] | (i < 4 ? code[c][i] : code[c][i] << 4));
           }
         }
     }
@@ -51,9 +49,7 @@ AlignedBuffer permuted(const PackedExperts& p, bool to_qword) {
 
 void derive_qword_panels(PackedExperts& p) {
   if (p.qword_panels || p.scheme != Scheme::kInt4W4A8 || p.a16 || p.has_zeros || p.qweight.size() == 0) return;
-  int top = 0;  // a codebook: as |codebook| with the sign on the activations (code_table bytes > 31), not as table bytes
-  for (uint8_t u : p.code_table) top = std::max(top, int(u));
-  if (p.code_shuffle && top <= 31) return;
+  if (p.code_shuffle && code_table_top(p) <= 31) return;  // a codebook taken as table bytes
   const int64_t K = p.in_features;
   if (p.group_len() != 32 || K % 32 || p.padded_k() != K || p.num_groups() > kQwordMaxGroups) return;
   p.qweight = permuted(p, true), p.qword_panels = true;

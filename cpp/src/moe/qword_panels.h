@@ -13,6 +13,14 @@
 
 namespace moe_cpu {
 
+// The largest code_table byte: above 31, the AVX2 vpmaddubsw kernel takes a codebook as |codebook| with the sign on the
+// activations (Codes::kSigned), else as table bytes (Codes::kTable).
+inline int code_table_top(const PackedExperts& p) {
+  int top = 0;
+  for (uint8_t u : p.code_table) top = top < u ? u : top;
+  return top;
+}
+
 // The byte within a step of column c (0..15 of the block) and k (0..7 of the step), and whether its code is in
 // the high nibble.
 inline int64_t qword_byte(int64_t c, int64_t i, bool* high) {

@@ -48,5 +48,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("amx_status", &moe_cpu::amx_status);
   m.def("amx_min_rows", &moe_cpu::amx_min_rows);
   m.def("amx_min_rows_set", &moe_cpu::amx_min_rows_set);
+  m.def("amx_min_rows_float", &moe_cpu::amx_min_rows_float);
   m.def("set_amx_min_rows", &moe_cpu::set_amx_min_rows, py::arg("rows"));
+  m.def("reset_amx_min_rows", &moe_cpu::reset_amx_min_rows);
 }

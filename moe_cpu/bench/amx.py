@@ -23,7 +23,7 @@ def amx_crossover(rng, schemes=("int8_w8a8", "int4_w4a8", "bf16", "fp8_w8a16"), 
         return []
     H, I, _, k, _, _ = SHAPES[shape]
     E = experts
-    before = api.get_amx_min_rows()
+    before = f["amx_min_rows"] if f["amx_min_rows_set"] else None  # None: back to the defaults
     out = []
     print(f"\nAMX crossover ({shape} H={H} I={I}, E={E}, k={k}): ms per call, each expert given r rows")
     print(f"{'scheme':<10} {'r':>5} {'M':>6} {'avx512':>9} {'amx':>9} {'x':>6}")

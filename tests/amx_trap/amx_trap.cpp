@@ -7,6 +7,9 @@
 // Decoded: VEX map 0F38 W0 L0 — 49 (ldtilecfg, sttilecfg, tilerelease, tilezero), 4B (tileloadd,
 // tileloaddt1, tilestored; SIB: base + disp is the first row, index << scale the stride), 5E (tdpbssd,
 // tdpbsud, tdpbusd, tdpbuud) and 5C (tdpbf16ps). Anything else gets the default SIGILL back.
+// On a CPU with AMX, dispatch then leaves the tile data unrequested (arch_prctl), so the tile-data
+// instructions trap there too; ldtilecfg, sttilecfg and tilerelease run in hardware (see sync_native_config).
+#include <cpuid.h>
 #include <signal.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -124,11 +127,46 @@ bool execute(const Insn& in) {
 std::atomic<uint64_t> g_executed{0};  // tile instructions run on the model (moe_cpu_amx_trap_count)
 struct sigaction g_prev {};  // the handler before ours: it gets every SIGILL that is not a decoded AMX one
 
+// Where TILECFG (XSAVE component 17) sits in a signal frame's XSAVE area (standard format); 0: not an AMX CPU.
+uint32_t tilecfg_offset() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 0xd) return 0;
+  __cpuid_count(7, 0, a, b, c, d);
+  if (!(d & (1u << 24))) return 0;  // AMX-TILE
+  __cpuid_count(0xd, 17, a, b, c, d);
+  return a == sizeof(TileConfig) ? b : 0;
+}
+const uint32_t g_tilecfg_offset = tilecfg_offset();
+
+// On an AMX CPU, ldtilecfg runs in hardware, unseen. A config it loaded since the last trap is in the signal
+// frame (TILECFG, marked in XSTATE_BV): the model takes it (zeroing the tiles, as ldtilecfg does) and the frame
+// marks TILECFG as init, so the hardware is unconfigured again after the handler and the next ldtilecfg shows.
+void sync_native_config(ucontext_t* uc) {
+  auto* x = reinterpret_cast<uint8_t*>(uc->uc_mcontext.fpregs);
+  if (!g_tilecfg_offset || !x) return;
+  struct { uint32_t magic1, extended_size; uint64_t xfeatures; uint32_t xstate_size; } sw;  // _fpx_sw_bytes
+  std::memcpy(&sw, x + 464, sizeof sw);
+  constexpr uint64_t kTileCfg = 1ull << 17;
+  if (sw.magic1 != 0x46505853u || !(sw.xfeatures & kTileCfg) ||
+      g_tilecfg_offset + sizeof(TileConfig) > sw.xstate_size)
+    return;
+  uint64_t bv;
+  std::memcpy(&bv, x + 512, sizeof bv);  // the XSAVE header's XSTATE_BV
+  if (!(bv & kTileCfg)) return;
+  TileConfig c;
+  std::memcpy(&c, x + g_tilecfg_offset, sizeof c);
+  TileModel::configure(c);
+  bv &= ~kTileCfg;
+  std::memcpy(x + 512, &bv, sizeof bv);
+}
+
 void on_sigill(int sig, siginfo_t* info, void* ctx) {
   auto* uc = static_cast<ucontext_t*>(ctx);
   greg_t* g = uc->uc_mcontext.gregs;
   Insn in;
-  if (decode(reinterpret_cast<const uint8_t*>(g[REG_RIP]), g, in) && execute(in)) {
+  const bool decoded = decode(reinterpret_cast<const uint8_t*>(g[REG_RIP]), g, in);
+  if (decoded) sync_native_config(uc);
+  if (decoded && execute(in)) {
     g[REG_RIP] += in.len;
     g_executed.fetch_add(1, std::memory_order_relaxed);
     return;
@@ -158,8 +196,10 @@ const bool g_installed = install();
 
 // Called by moe_cpu's feature detection (once per process, at its first dispatch).
 extern "C" __attribute__((visibility("default"))) const char* moe_cpu_amx_trap() {
-  return g_installed && install() ? "the tests' SIGILL trap (tests/amx_trap) runs each tile instruction on the scalar tile model"
-                     : nullptr;
+  if (!g_installed || !install()) return nullptr;
+  return g_tilecfg_offset ? "the tests' SIGILL trap (tests/amx_trap) runs each tile-data instruction on the scalar tile "
+                            "model (tile data left unrequested on this AMX CPU)"
+                          : "the tests' SIGILL trap (tests/amx_trap) runs each tile instruction on the scalar tile model";
 }
 
 // Tile instructions this process has run through the trap (tests: whether a call took the tiles).

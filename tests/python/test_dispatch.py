@@ -85,6 +85,7 @@ def test_forced_level_is_the_path_taken(scheme):
 def test_amx_levels_and_status():
     f = moe_cpu.cpu_features()
     assert f["amx_min_rows"] >= 1
+    assert f["amx_min_rows_float"] == (f["amx_min_rows"] if f["amx_min_rows_set"] else 8)
     # "emulated: ..." where tests/amx_trap's SIGILL handler is preloaded (scripts/test.sh, CPUs without AMX)
     assert ("amx" in DETECTED) == (f["amx"] == "granted" or f["amx"].startswith("emulated: ")), f["amx"]
     if platform.machine() in ("x86_64", "AMD64"):
@@ -97,15 +98,21 @@ def test_amx_levels_and_status():
 
 
 def test_set_amx_min_rows_checks_and_restores():
-    before = moe_cpu.get_amx_min_rows()
+    f0 = moe_cpu.cpu_features()
+    before = f0["amx_min_rows"] if f0["amx_min_rows_set"] else None
     try:
         moe_cpu.set_amx_min_rows(7)
-        assert moe_cpu.get_amx_min_rows() == 7 and moe_cpu.cpu_features()["amx_min_rows"] == 7
+        f = moe_cpu.cpu_features()
+        assert moe_cpu.get_amx_min_rows() == 7 and f["amx_min_rows"] == 7 and f["amx_min_rows_float"] == 7
         with pytest.raises(ValueError, match="must be >= 1"):
             moe_cpu.set_amx_min_rows(0)
         with pytest.raises(TypeError, match="rows must be an int"):
             moe_cpu.set_amx_min_rows(2.5)
         assert moe_cpu.get_amx_min_rows() == 7
+        moe_cpu.set_amx_min_rows(None)   # back to the variable or, without it, the defaults
+        f, env = moe_cpu.cpu_features(), os.environ.get("MOE_CPU_AMX_MIN_ROWS")
+        assert f["amx_min_rows_set"] == bool(env), f
+        assert (f["amx_min_rows"], f["amx_min_rows_float"]) == ((int(env),) * 2 if env else (16, 8)), f
     finally:
         moe_cpu.set_amx_min_rows(before)
 
@@ -212,7 +219,7 @@ def tiles(scheme, g, M):   # tile instructions one call runs; M // 2 rows per ex
     return count() - c0
 
 cases = [("int4_w4a8", 128, 64), ("int4_w4a8", 32, 64), ("int4_w4a16", 128, 64), ("int8_w8a8", -1, 64),
-         ("int8_w8a8", -1, 16)]
+         ("int8_w8a8", -1, 16), ("bf16", None, 16), ("fp8_w8a16", None, 16), ("bf16", None, 8)]
 out = {"amx": moe_cpu.cpu_features()["amx"], "set0": moe_cpu.cpu_features()["amx_min_rows_set"]}
 out["default"] = [tiles(*c) for c in cases]
 moe_cpu.set_amx_min_rows(moe_cpu.get_amx_min_rows())
@@ -222,13 +229,11 @@ print(json.dumps(out))
 
 
 def test_forms_whose_tiles_lose_stay_on_avx512_until_a_threshold_is_set():
-    """Default threshold (16 rows): int4 g128 and int8 per channel with 32 rows per expert take the tiles; int4
-    in groups of 32, A16 and 8-row experts do not. Once a threshold is set (to the same 16), every form with
-    enough rows does. Counted by the tests' SIGILL trap, which runs each tile instruction (a fresh process with
-    the trap preloaded and no MOE_CPU_AMX_MIN_ROWS)."""
+    """Default thresholds (16 rows; bf16 and fp8: 8): int4 g128 and int8 per channel with 32 rows per expert
+    take the tiles, and bf16 and fp8 with 8; int4 in groups of 32, A16, 8-row int8 and 4-row bf16 experts do not.
+    Once a threshold is set (to the same 16), every form with enough rows does. Counted by the tests' SIGILL trap, which runs each tile instruction (a fresh process with
+    the trap preloaded and no MOE_CPU_AMX_MIN_ROWS; on AMX CPUs, each tile-data instruction)."""
     import json
-    if "amx" in moe_cpu.cpu_features()["detected"] and not moe_cpu.cpu_features()["amx"].startswith("emulated"):
-        pytest.skip("real AMX: tile instructions run in hardware, so the trap cannot count them")
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
     trap = os.path.join(root, "build", "ctest", "libmoe_cpu_amx_trap.so")
     assert os.path.exists(trap), "the trap library is built with the C++ tests (scripts/test.sh builds build/ctest)"
@@ -240,8 +245,8 @@ def test_forms_whose_tiles_lose_stay_on_avx512_until_a_threshold_is_set():
     if not out["amx"].startswith("emulated"):
         pytest.skip(f"no AMX kernels here: {out['amx']}")
     assert out["set0"] is False
-    g128, g32, a16, i8, i8_small = out["default"]
-    assert g128 > 0 and i8 > 0, out
-    assert g32 == 0 and a16 == 0 and i8_small == 0, out
-    s128, s32, sa16, si8, si8_small = out["set"]
-    assert min(s128, s32, sa16, si8) > 0 and si8_small == 0, out
+    g128, g32, a16, i8, i8_small, bf, fp8, bf_small = out["default"]
+    assert g128 > 0 and i8 > 0 and bf > 0 and fp8 > 0, out
+    assert g32 == 0 and a16 == 0 and i8_small == 0 and bf_small == 0, out
+    s128, s32, sa16, si8, si8_small, sbf, sfp8, sbf_small = out["set"]
+    assert min(s128, s32, sa16, si8) > 0 and si8_small == 0 and sbf == 0 and sfp8 == 0 and sbf_small == 0, out

@@ -87,11 +87,11 @@ def test_output_bits_do_not_depend_on_token_chunks(rng, name, on_input):
     finally:
         moe_cpu.set_scratch_limit(saved)
     assert not outs[0][5:9].any()
-    amx_float = w13.kernel.endswith("_amx_32x32") and moe_cpu.get_amx_min_rows() > 1
+    amx_float = w13.kernel.endswith("_amx_32x32") and moe_cpu.cpu_features()["amx_min_rows_float"] > 1
     if (w13.kernel.endswith("_reference") or amx_float) and name in ("fp8_128", "bf16"):
         # Eigen's float GEMM blocks by matrix size, so its sums change order with the rows per
         # chunk: the last bits may differ (the SIMD kernels sum each row in a fixed order). The AMX
-        # float kernels give an expert with fewer than amx_min_rows rows (here, in a chunk) to their
+        # float kernels give an expert with fewer than amx_min_rows_float rows (here, in a chunk) to their
         # AVX-512 twins, which sum in another order (docs/ARCHITECTURE.md, AMX).
         np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(outs[2], outs[0], rtol=1e-5, atol=1e-6)

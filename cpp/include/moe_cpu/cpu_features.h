@@ -43,12 +43,16 @@ std::string amx_status();
 bool amx_emulated();
 // Rows an expert needs before the AMX kernels use the tiles; with fewer, their AVX-512 twins run (the
 // int schemes give the same bits either way). Set by set_amx_min_rows, else MOE_CPU_AMX_MIN_ROWS (a
-// positive integer, read once; ValueError else), else kAmxMinRows. Until one of the two sets it, the forms
-// whose tiles lost at every row count measured stay on the twins (kernels/amx_scratch.h: tiles_lose).
+// positive integer, read once; ValueError else), else kAmxMinRows. Until one of the two sets it, bf16 and fp8
+// take the tiles from kAmxMinRowsFloat rows, and the forms whose tiles lost at every row count measured stay
+// on the twins (kernels/amx_scratch.h: tiles_lose).
 constexpr int64_t kAmxMinRows = 16;  // measured on a 16-core Emerald Rapids: docs/performance.md, AMX
+constexpr int64_t kAmxMinRowsFloat = 8;  // bf16 / fp8: 1.37-2.18x at 8 rows on a 16- and a 2-core Emerald Rapids
 int64_t amx_min_rows();
+int64_t amx_min_rows_float();  // bf16 / fp8's threshold in force: amx_min_rows() once set, else kAmxMinRowsFloat
 bool amx_min_rows_set();  // by set_amx_min_rows or MOE_CPU_AMX_MIN_ROWS
 void set_amx_min_rows(int64_t rows);  // rows >= 1, else ValueError
+void reset_amx_min_rows();  // back to MOE_CPU_AMX_MIN_ROWS or, without it, the defaults (not set)
 // Names of the active feature bits, e.g. {"avx2", "avx512", "avx512_vnni"}.
 std::vector<std::string> feature_names(uint64_t bits);
 

@@ -44,6 +44,12 @@ bool request_tile_data() {
   return false;
 }
 
+// Whether this process already holds the tile-data permission (ARCH_GET_XCOMP_PERM, 0x1022).
+bool tile_data_held() {
+  uint64_t perm = 0;
+  return syscall(SYS_arch_prctl, 0x1022, &perm) == 0 && (perm & (1ull << 18));
+}
+
 // The test library tests/amx_trap exports moe_cpu_amx_trap() (what it is) once its SIGILL handler is in.
 bool g_amx_emulated = false;
 uint64_t amx_trap(uint64_t f) {
@@ -83,11 +89,11 @@ uint64_t detect() {
   if ((f & kFeatAvx512) && (c7 & (1u << 11))) f |= kFeatAvx512Vnni;
   if ((f & kFeatAvx512) && (a71 & (1u << 5))) f |= kFeatAvx512Bf16;
   if ((f & kFeatAvx512) && (c7 & (1u << 1))) f |= kFeatAvx512Vbmi;
-  if ((d7 & (1u << 24)) && (d7 & (1u << 25)) && (d7 & (1u << 22))) {
-    if (!os_amx) g_amx_status = "the OS does not save the tile state (XCR0 bits 17-18 clear)";
-    else if (request_tile_data()) f |= kFeatAmx, g_amx_status = "granted";
-  }
-  if (!(f & kFeatAmx)) f |= amx_trap(f);
+  const bool cpu_amx = (d7 & (1u << 24)) && (d7 & (1u << 25)) && (d7 & (1u << 22));
+  if (cpu_amx && !os_amx) g_amx_status = "the OS does not save the tile state (XCR0 bits 17-18 clear)";
+  // The tests' trap comes first: with the tile data never requested, its instructions trap on AMX CPUs too.
+  if (!(cpu_amx && os_amx && tile_data_held())) f |= amx_trap(f);
+  if (cpu_amx && os_amx && !(f & kFeatAmx) && request_tile_data()) f |= kFeatAmx, g_amx_status = "granted";
   return f | kFeatAmxModel;
 }
 #elif defined(__aarch64__) && defined(__linux__)
@@ -213,37 +219,41 @@ bool amx_emulated() {
 }
 
 namespace {
-std::atomic<int64_t> g_amx_min_rows{0};  // 0: not set yet
-std::atomic<bool> g_amx_min_rows_set{false};
-}  // namespace
-
-int64_t amx_min_rows() {
-  if (const int64_t n = g_amx_min_rows.load(std::memory_order_relaxed)) return n;
-  static const int64_t from_env = [] {
+std::atomic<int64_t> g_amx_min_rows{0};  // set by set_amx_min_rows; 0: not set (the variable or the defaults)
+struct EnvRows {
+  int64_t rows = kAmxMinRows;
+  bool set = false;
+};
+const EnvRows& env_rows() {  // MOE_CPU_AMX_MIN_ROWS, read once (a bad value throws at every call)
+  static const EnvRows e = [] {
+    EnvRows r;
     const char* env = std::getenv("MOE_CPU_AMX_MIN_ROWS");
-    if (!env || !*env) return kAmxMinRows;
+    if (!env || !*env) return r;
     char* end = nullptr;
     const long long v = std::strtoll(env, &end, 10);
     if (*end || v < 1)
       throw ValueError(msg("MOE_CPU_AMX_MIN_ROWS = '", env, "' is not a positive integer (rows an expert needs before the AMX kernels use tiles)"));
-    g_amx_min_rows_set.store(true, std::memory_order_relaxed);
-    return int64_t(v);
+    return EnvRows{int64_t(v), true};
   }();
-  int64_t unset = 0;
-  g_amx_min_rows.compare_exchange_strong(unset, from_env);
-  return g_amx_min_rows.load(std::memory_order_relaxed);
+  return e;
+}
+}  // namespace
+
+int64_t amx_min_rows() {
+  const int64_t n = g_amx_min_rows.load(std::memory_order_relaxed);
+  return n ? n : env_rows().rows;
 }
 
 void set_amx_min_rows(int64_t rows) {
   if (rows < 1) throw ValueError(msg("amx_min_rows = ", rows, " must be >= 1 (rows an expert needs before the AMX kernels use tiles)"));
   g_amx_min_rows.store(rows, std::memory_order_relaxed);
-  g_amx_min_rows_set.store(true, std::memory_order_relaxed);
 }
 
-bool amx_min_rows_set() {
-  amx_min_rows();  // reads the environment once
-  return g_amx_min_rows_set.load(std::memory_order_relaxed);
-}
+void reset_amx_min_rows() { g_amx_min_rows.store(0, std::memory_order_relaxed); }
+
+bool amx_min_rows_set() { return g_amx_min_rows.load(std::memory_order_relaxed) || env_rows().set; }
+
+int64_t amx_min_rows_float() { return amx_min_rows_set() ? amx_min_rows() : kAmxMinRowsFloat; }
 
 std::vector<std::string> feature_names(uint64_t bits) {
   static const std::pair<uint64_t, const char*> kNames[] = {

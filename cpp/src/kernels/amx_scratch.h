@@ -165,11 +165,12 @@ void row_blocks(const TileRows& rows, int64_t R, int64_t G, int64_t gl, int64_t 
 inline bool tiles_lose(const PackedExperts& w) {
   return w.a16 || (w.scheme == Scheme::kInt4W4A8 && w.group_size > 0 && w.group_size <= 32);
 }
-// The per-expert choice of an AMX kernel: experts with fewer than amx_min_rows() rows, or of a form whose
-// tiles lose, go to its AVX-512 twin (same packed layout), the rest to the tiles (which gather scattered
-// rows: KernelDesc::gathers_rows).
+// The per-expert choice of an AMX kernel: experts with fewer than amx_min_rows() rows (bf16 / fp8:
+// amx_min_rows_float()), or of a form whose tiles lose, go to its AVX-512 twin (same packed layout), the rest
+// to the tiles (which gather scattered rows: KernelDesc::gathers_rows).
 inline bool amx_takes_tiles(const PackedExperts& w, int64_t rows) {
-  return rows >= amx_min_rows() && (amx_min_rows_set() || !tiles_lose(w));
+  const bool fp = w.scheme == Scheme::kBf16 || w.scheme == Scheme::kFp8W8A16;
+  return rows >= (fp ? amx_min_rows_float() : amx_min_rows()) && (amx_min_rows_set() || !tiles_lose(w));
 }
 inline bool model_takes_tiles(const PackedExperts&, int64_t) { return true; }  // the _amx_model kernels have no twin
 template <const KernelDesc* kTwin, void (*kTiles)(const PackedExperts&, int64_t, int64_t, int64_t, const ActRows&, float*, int64_t)>

@@ -6,11 +6,19 @@
 #include "bench/machine_limits.h"
 #include "moe_cpu/cpu_features.h"
 #include "moe_cpu/errors.h"
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#endif
 
 namespace py = pybind11;
 
 void bind_bench(py::module_& m) {
   using namespace moe_cpu::bench;
+#if defined(__x86_64__) || defined(_M_X64)
+  // The calling thread's MXCSR: the kt peer restores it after loading kt's module, which sets FTZ / DAZ.
+  m.def("mxcsr", [] { return _mm_getcsr(); });
+  m.def("set_mxcsr", [](unsigned v) { _mm_setcsr(v); }, py::arg("value"));
+#endif
   struct Buffer {
     ReadBuffer* b;
     explicit Buffer(size_t n) : b(make_read_buffer(n)) {}

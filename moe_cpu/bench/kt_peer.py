@@ -21,7 +21,7 @@ from importlib import metadata
 
 import numpy as np
 
-from .. import api
+from .. import _core, api
 from .._dtypes import from_bf16_bits, to_bf16_bits
 from .peers import numpy_peer
 from .shapes import SHAPES
@@ -35,6 +35,7 @@ KT = {"int8_w8a8": "AMXInt8_MOE", "int4_w4a8": "AMXInt4_MOE", "bf16": "AMXBF16_M
 OURS = {"int8_w8a8": -1, "int4_w4a8": -1, "bf16": None, "int4_w4a16": 128}   # moe_cpu group_size (-1: per output row)
 INSTALL = "pip install kt-kernel==0.7.2 --no-deps"
 _ext = []
+_kt_csr = []   # MXCSR after loading kt's module
 
 
 def _rel(a, b):
@@ -56,9 +57,17 @@ def _quiet():
         os.close(null)
 
 
+def _mxcsr():
+    return _core.mxcsr() if hasattr(_core, "mxcsr") else None
+
+
 def load_ext():
-    """kt's extension module for this CPU, as kt_kernel/__init__ would pick it (without its torch import)."""
+    """kt's extension module for this CPU, as kt_kernel/__init__ would pick it (without its torch import).
+    Loading it sets flush-to-zero and denormals-are-zero in the calling thread (seen on kt 0.7.2's AMX module);
+    the thread's MXCSR is put back after, so the rest of the process keeps IEEE subnormals, and kt's CPUInfer
+    threads are started in kt's mode (_kt_mode)."""
     if not _ext:
+        before = _mxcsr()
         if "kt_kernel_ext" in sys.modules:  # kt_kernel itself was imported: a second load would clash
             _ext.append(sys.modules["kt_kernel_ext"])
         else:
@@ -67,7 +76,23 @@ def load_ext():
             detect = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(detect)
             _ext.append(detect.initialize()[0])
+        _kt_csr.append(_mxcsr())
+        if before is not None:
+            _core.set_mxcsr(before)
     return _ext[0]
+
+
+@contextlib.contextmanager
+def _kt_mode():
+    """The MXCSR kt's module left, for starting kt's threads as kt would (they inherit it)."""
+    before = _mxcsr()
+    if before is not None and _kt_csr and _kt_csr[0] is not None:
+        _core.set_mxcsr(_kt_csr[0])
+    try:
+        yield
+    finally:
+        if before is not None:
+            _core.set_mxcsr(before)
 
 
 class KtMoE:
@@ -78,7 +103,8 @@ class KtMoE:
         E, I, H = gate.shape
         self.k, self.keep = k, (gate, up, down)
         with _quiet():
-            self.cpu = ext.CPUInfer(threads)
+            with _kt_mode():   # its threads start in kt's float mode
+                self.cpu = ext.CPUInfer(threads)
             cfg = ext.moe.MOEConfig(E, k, H, I, 0)       # 0: no GPU-expert mask
             cfg.max_len = -(-max_m // 32) * 32             # kt's row buffers: a multiple of 32 rows
             cfg.gate_proj, cfg.up_proj, cfg.down_proj = gate.ctypes.data, up.ctypes.data, down.ctypes.data
@@ -133,7 +159,8 @@ class KtGptq(KtMoE):
         self.k = k
         self.keep = [gptq_tensors(q, s) for q, s in ((qg, sg), (qu, su), (qd, sd))]
         with _quiet():
-            self.cpu = ext.CPUInfer(threads)
+            with _kt_mode():   # its threads start in kt's float mode
+                self.cpu = ext.CPUInfer(threads)
             cfg = ext.moe.MOEConfig(E, k, H, I, 0)
             cfg.max_len = -(-max_m // 32) * 32
             (gw, gs), (uw, us), (dw, ds) = self.keep

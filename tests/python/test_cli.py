@@ -170,7 +170,7 @@ def check_kt_rows(rows, threads, schemes, ms):
         assert r["moe_cpu_ms"] > 0 and all(r[f"kt_cpuinfer{n}_ms"] > 0 for n in {threads, 1}), r
         # kt's error against float32 is near ours (its own quantization), and kt is close to us
         assert r["kt_agrees"] and r["rel_err_kt"] < max(2 * r["rel_err_moe_cpu"], 0.02), r
-        assert r["rel_err_kt_vs_moe_cpu"] < {"bf16": 0.02, "int8_w8a8": 0.05, "int4_w4a8": 0.3}[r["scheme"]], r
+        assert r["rel_err_kt_vs_moe_cpu"] < {"bf16": 0.02, "int8_w8a8": 0.05, "int4_w4a8": 0.3, "int4_w4a16": 0.05}[r["scheme"]], r
 
 
 def test_kt_peer_says_how_to_get_kt_kernel_when_it_is_missing(monkeypatch, capsys):
@@ -184,6 +184,8 @@ def test_kt_peer_times_and_matches_moe_cpu_where_kt_kernel_runs(capsys):
     threads = moe_cpu.get_num_threads()
     rows = kt_peer.kt_peer(np.random.default_rng(0), threads, ms=(1, 3), experts=8, min_time=0.02)
     out = capsys.readouterr().out
+    # kt's module sets flush-to-zero / denormals-are-zero when loaded; the peer puts this thread's mode back
+    assert np.float32(2.0 ** -126) * np.float32(0.5) != 0, "subnormals flushed after the kt peer"
     if importlib.util.find_spec("kt_kernel") is None:
         assert rows == [] and "pip install kt-kernel==0.7.2 --no-deps" in out
         return

@@ -231,8 +231,9 @@ print(json.dumps(out))
 def test_forms_whose_tiles_lose_stay_on_avx512_until_a_threshold_is_set():
     """Default thresholds (16 rows; bf16 and fp8: 8): int4 g128 and int8 per channel with 32 rows per expert
     take the tiles, and bf16 and fp8 with 8; int4 in groups of 32, A16, 8-row int8 and 4-row bf16 experts do not.
-    Once a threshold is set (to the same 16), every form with enough rows does. Counted by the tests' SIGILL trap, which runs each tile instruction (a fresh process with
-    the trap preloaded and no MOE_CPU_AMX_MIN_ROWS; on AMX CPUs, each tile-data instruction)."""
+    Once a threshold is set (to the same 16), every form with enough rows does. Counted by the tests' SIGILL
+    trap, which runs each tile instruction (a fresh process with the trap preloaded and no
+    MOE_CPU_AMX_MIN_ROWS; on AMX CPUs, each tile-data instruction)."""
     import json
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
     trap = os.path.join(root, "build", "ctest", "libmoe_cpu_amx_trap.so")

@@ -17,22 +17,24 @@ python3 -m pip install -q --no-index --no-deps .devcarry/gguf-*.whl > "$L/pip_gg
   --no-build-isolation --no-deps -C build-dir=/tmp/bpy . > '$L/pip.txt' 2>&1; tail -n 3 '$L/pip.txt'"
 cd tests
 step 60 "moe-cpu info" bash -c "python3 -m moe_cpu info > '$L/info.txt' 2>&1; grep -E '^AMX|ISA|int8_w8a8' '$L/info.txt' | head"
+sleep 5; step 180 "scaling 1-16 threads" python3 ../bench/scaling.py --out "$L/scaling.log"
+if nvidia-smi -L > /dev/null 2>&1; then
+  step 120 "Stream.capture from cudaLaunchHostFunc" bash -c "python3 ../bench/stream_cuda_host.py > '$L/stream_cuda.log' 2>&1; \
+    cat '$L/stream_cuda.log'"
+fi
 if python3 -c "import moe_cpu, sys; sys.exit('amx' not in moe_cpu.cpu_features()['detected'])"; then
-  B=../.devcarry/bin
+  B=../.devcarry/bin; mkdir -p ../build/ctest && cp $B/libmoe_cpu_amx_trap.so ../build/ctest/   # test_dispatch's tile count
   step 90 "gtest on real tiles" bash -c "$B/moe_cpu_tests --gtest_brief=1 > '$L/gtest.txt' 2>&1; tail -n 3 '$L/gtest.txt'"
   step 120 "pytest -m isa at amx, every expert on the tiles" bash -c "MOE_CPU_ISA=amx MOE_CPU_AMX_MIN_ROWS=1 python3 -m \
     pytest -q -p no:cacheprovider -n 8 -m isa \$(python3 -c 'import jupyter_client' 2>/dev/null || echo --ignore=python/test_notebook.py) \
     python > '$L/pytest_amx.txt' 2>&1; tail -n 1 '$L/pytest_amx.txt'"
-  step 40 "skeleton, one core" bash -c "OMP_NUM_THREADS=1 $B/moe_cpu_amx_skeleton 7 > '$L/skeleton.txt' 2>&1; tail -n 5 '$L/skeleton.txt'"
+  step 90 "GGUF g32 forms, tiles against the twin" bash -c "python3 ../bench/amx_g32_forms.py > '$L/g32_forms_tiles.txt' 2>&1; \
+    cat '$L/g32_forms_tiles.txt'"
   step 90 "bench" bash -c "python3 -m moe_cpu bench --shapes qwen3-30b-a3b --m 1,128,1024 --schemes \
     int8_w8a8,int4_w4a8,bf16,int4_w4a16 --no-peers --amx-crossover --out '$L/bench' > '$L/bench.txt' 2>&1; \
     grep -E 'machine:|crossover:' '$L/bench.txt'"
+  step 40 "skeleton, one core" bash -c "OMP_NUM_THREADS=1 $B/moe_cpu_amx_skeleton 7 > '$L/skeleton.txt' 2>&1; tail -n 5 '$L/skeleton.txt'"
 else
   echo "no AMX: $(python3 -c "import moe_cpu; print(moe_cpu.cpu_features()['amx'])")"
-fi
-step 180 "scaling 1-16 threads" python3 ../bench/scaling.py --out "$L/scaling.log"
-if nvidia-smi -L > /dev/null 2>&1; then
-  step 120 "Stream.capture from cudaLaunchHostFunc" bash -c "python3 ../bench/stream_cuda_host.py > '$L/stream_cuda.log' 2>&1; \
-    cat '$L/stream_cuda.log'"
 fi
 pack

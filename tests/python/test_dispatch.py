@@ -209,9 +209,10 @@ count.restype = ctypes.c_uint64
 rng = np.random.default_rng(0)
 E, k, H, I = 4, 2, 128, 128
 
-def tiles(scheme, g, M):   # tile instructions one call runs; M // 2 rows per expert
-    w13 = moe_cpu.quantize_experts(rng.standard_normal((E, 2 * I, H), dtype=np.float32), scheme, group_size=g)
-    w2 = moe_cpu.quantize_experts(rng.standard_normal((E, H, I), dtype=np.float32), scheme, group_size=g)
+def tiles(scheme, g, M, ab=None):   # tile instructions one call runs; M // 2 rows per expert
+    q = dict(group_size=g) if ab is None else dict(group_size=g, act_block=ab)
+    w13 = moe_cpu.quantize_experts(rng.standard_normal((E, 2 * I, H), dtype=np.float32), scheme, **q)
+    w2 = moe_cpu.quantize_experts(rng.standard_normal((E, H, I), dtype=np.float32), scheme, **q)
     x = rng.standard_normal((M, H), dtype=np.float32)
     ids = ((np.arange(M)[:, None] * k + np.arange(k)[None, :]) % E).astype(np.int32)
     c0 = count()
@@ -219,7 +220,8 @@ def tiles(scheme, g, M):   # tile instructions one call runs; M // 2 rows per ex
     return count() - c0
 
 cases = [("int4_w4a8", 128, 64), ("int4_w4a8", 32, 64), ("int4_w4a16", 128, 64), ("int8_w8a8", -1, 64),
-         ("int8_w8a8", -1, 16), ("bf16", None, 16), ("fp8_w8a16", None, 16), ("bf16", None, 8)]
+         ("int8_w8a8", -1, 16), ("bf16", None, 16), ("fp8_w8a16", None, 16), ("bf16", None, 8),
+         ("int8_w8a8", 32, 64, 32)]
 out = {"amx": moe_cpu.cpu_features()["amx"], "set0": moe_cpu.cpu_features()["amx_min_rows_set"]}
 out["default"] = [tiles(*c) for c in cases]
 moe_cpu.set_amx_min_rows(moe_cpu.get_amx_min_rows())
@@ -230,7 +232,8 @@ print(json.dumps(out))
 
 def test_forms_whose_tiles_lose_stay_on_avx512_until_a_threshold_is_set():
     """Default thresholds (16 rows; bf16 and fp8: 8): int4 g128 and int8 per channel with 32 rows per expert
-    take the tiles, and bf16 and fp8 with 8; int4 in groups of 32, A16, 8-row int8 and 4-row bf16 experts do not.
+    take the tiles, and bf16 and fp8 with 8; int4 and int8 in groups of 32 (GGUF's Q4_0 / Q8_0 forms, with
+    activation blocks of 32), A16, 8-row int8 and 4-row bf16 experts do not.
     Once a threshold is set (to the same 16), every form with enough rows does. Counted by the tests' SIGILL
     trap, which runs each tile instruction (a fresh process with the trap preloaded and no
     MOE_CPU_AMX_MIN_ROWS; on AMX CPUs, each tile-data instruction)."""
@@ -246,8 +249,9 @@ def test_forms_whose_tiles_lose_stay_on_avx512_until_a_threshold_is_set():
     if not out["amx"].startswith("emulated"):
         pytest.skip(f"no AMX kernels here: {out['amx']}")
     assert out["set0"] is False
-    g128, g32, a16, i8, i8_small, bf, fp8, bf_small = out["default"]
+    g128, g32, a16, i8, i8_small, bf, fp8, bf_small, i8_g32 = out["default"]
     assert g128 > 0 and i8 > 0 and bf > 0 and fp8 > 0, out
-    assert g32 == 0 and a16 == 0 and i8_small == 0 and bf_small == 0, out
-    s128, s32, sa16, si8, si8_small, sbf, sfp8, sbf_small = out["set"]
-    assert min(s128, s32, sa16, si8) > 0 and si8_small == 0 and sbf == 0 and sfp8 == 0 and sbf_small == 0, out
+    assert g32 == 0 and a16 == 0 and i8_small == 0 and bf_small == 0 and i8_g32 == 0, out
+    s128, s32, sa16, si8, si8_small, sbf, sfp8, sbf_small, si8_g32 = out["set"]
+    assert min(s128, s32, sa16, si8, si8_g32) > 0, out
+    assert si8_small == 0 and sbf == 0 and sfp8 == 0 and sbf_small == 0, out

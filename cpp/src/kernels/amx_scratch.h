@@ -159,11 +159,13 @@ void row_blocks(const TileRows& rows, int64_t R, int64_t G, int64_t gl, int64_t 
   }
 }
 
-// Forms whose tiles lost to the AVX-512 twin at every row count measured on a 16-core Emerald Rapids
-// (docs/performance.md, AMX): A16 (0.31-0.58x at 1-128 rows per expert) and int4 in groups of 32 (0.7-1.0x at
-// 32-256 rows, one expert). They take tiles only once a threshold is set (amx_min_rows_set: the tests set 1).
+// Forms whose tiles lost to the AVX-512 twin on Emerald Rapids at 2 and 16 threads (docs/performance.md, AMX):
+// A16 (0.31-0.58x at 1-128 rows per expert) and int4 / int8 in groups of 32 or less, GGUF's forms (0.49-1.08x at
+// 16-128 rows: each 32-deep step pays a per-group epilogue). They take tiles only once a threshold is set
+// (amx_min_rows_set: the tests set 1).
 inline bool tiles_lose(const PackedExperts& w) {
-  return w.a16 || (w.scheme == Scheme::kInt4W4A8 && w.group_size > 0 && w.group_size <= 32);
+  const bool int_a8 = w.scheme == Scheme::kInt4W4A8 || w.scheme == Scheme::kInt8W8A8;
+  return w.a16 || (int_a8 && w.group_size > 0 && w.group_size <= 32);
 }
 // The per-expert choice of an AMX kernel: experts with fewer than amx_min_rows() rows (bf16 / fp8:
 // amx_min_rows_float()), or of a form whose tiles lose, go to its AVX-512 twin (same packed layout), the rest

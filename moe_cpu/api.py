@@ -425,7 +425,7 @@ def cpu_features() -> dict:
     "isa": forced level, "kernels": {scheme: kernel name chosen now}, "amx": "granted", why AMX is
     not used, or "emulated: ..." under the tests' SIGILL trap (tests/amx_trap; not a speed path), "amx_min_rows": rows an expert needs before the AMX kernels use tiles, "amx_min_rows_float": the same for
     bf16 and fp8, "amx_min_rows_set": whether ``set_amx_min_rows`` or ``MOE_CPU_AMX_MIN_ROWS`` set it (until
-    then, bf16 and fp8 take the tiles from 8 rows, and A16 and int4 / int8 in groups of 32 stay off them)}``."""
+    then, bf16 and fp8 take the tiles from 8 rows); A16 and int4 / int8 in groups of 32 stay off them unless it is 1}``."""
     return {
         "detected": list(_core.detected_features()),
         "active": list(_core.active_features()),
@@ -442,10 +442,12 @@ def set_amx_min_rows(rows: Optional[int]) -> None:
     """Rows an expert needs before the AMX kernels use the tiles (fewer: their AVX-512 twins, with the same
     bits for the int schemes and fp32-rounding differences for bf16 / fp8). Overrides ``MOE_CPU_AMX_MIN_ROWS``;
     applies to later calls. No effect without AMX. The default, 16, was measured on an Emerald Rapids; there,
-    bf16 and fp8 won from 8 rows, and A16 and int4 / int8 in groups of 32 (GGUF's forms) lost on the tiles at
-    nearly every row count, so until a threshold is set (here or by the variable) bf16 and fp8 take the tiles from
-    8 rows and A16 and the g32 forms stay on AVX-512; once set, it applies to every form (docs/performance.md, AMX). ``None`` goes back to
-    ``MOE_CPU_AMX_MIN_ROWS`` or, without it, to those defaults (``cpu_features()["amx_min_rows_set"]`` False)."""
+    bf16 and fp8 won from 8 rows, so until a threshold is set (here or by the variable) they take the tiles from
+    8; once set, it applies to them too. A16 and int4 / int8 in groups of 32 (GGUF's forms) lost on the tiles at
+    nearly every row count (0.3-1.1x; K-quants with mins 2.8-4.4x slower), so they stay on AVX-512 at every
+    threshold but 1, which puts every expert on the tiles (the tests' setting; docs/performance.md, AMX).
+    ``None`` goes back to ``MOE_CPU_AMX_MIN_ROWS`` or, without it, to the defaults
+    (``cpu_features()["amx_min_rows_set"]`` False)."""
     if rows is None:
         _core.reset_amx_min_rows()
         return

@@ -42,8 +42,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"tier:              {tier()}")
     print(f"detected features: {' '.join(f['detected']) or '(none)'}")
     print(f"active features:   {' '.join(f['active']) or '(none)'}")
-    forms = "" if f["amx_min_rows_set"] else (f"; bf16 and fp8 from {f['amx_min_rows_float']}; A16 and int4 / int8"
-                                              " groups of 32 stay on AVX-512")
+    every = f["amx_min_rows_set"] and f["amx_min_rows"] == 1
+    forms = "" if f["amx_min_rows_set"] else f"; bf16 and fp8 from {f['amx_min_rows_float']}"
+    forms += "; every form" if every else "; A16 and int4 / int8 groups of 32 stay on AVX-512"
     print(f"AMX:               {f['amx']} (tiles for experts with >= {f['amx_min_rows']} rows{forms})")
     print("kernel per scheme (and the instruction its bench %peak is taken against):")
     what = {p["name"]: p["what"] for p in _core.peak_instructions()}

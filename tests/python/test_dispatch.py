@@ -226,17 +226,19 @@ out = {"amx": moe_cpu.cpu_features()["amx"], "set0": moe_cpu.cpu_features()["amx
 out["default"] = [tiles(*c) for c in cases]
 moe_cpu.set_amx_min_rows(moe_cpu.get_amx_min_rows())
 out["set"] = [tiles(*c) for c in cases]
+moe_cpu.set_amx_min_rows(1)
+out["one"] = [tiles(*c) for c in cases]
 print(json.dumps(out))
 """
 
 
-def test_forms_whose_tiles_lose_stay_on_avx512_until_a_threshold_is_set():
+def test_forms_whose_tiles_lose_stay_on_avx512_unless_every_expert_is_sent():
     """Default thresholds (16 rows; bf16 and fp8: 8): int4 g128 and int8 per channel with 32 rows per expert
     take the tiles, and bf16 and fp8 with 8; int4 and int8 in groups of 32 (GGUF's Q4_0 / Q8_0 forms, with
-    activation blocks of 32), A16, 8-row int8 and 4-row bf16 experts do not.
-    Once a threshold is set (to the same 16), every form with enough rows does. Counted by the tests' SIGILL
-    trap, which runs each tile instruction (a fresh process with the trap preloaded and no
-    MOE_CPU_AMX_MIN_ROWS; on AMX CPUs, each tile-data instruction)."""
+    activation blocks of 32), A16, 8-row int8 and 4-row bf16 experts do not. A set 16 applies to bf16 and fp8
+    too (8 rows: no tiles) and still leaves the losing forms on AVX-512; a set 1 sends every expert of every
+    form to the tiles. Counted by the tests' SIGILL trap, which runs each tile instruction (a fresh process
+    with the trap preloaded and no MOE_CPU_AMX_MIN_ROWS; on AMX CPUs, each tile-data instruction)."""
     import json
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
     trap = os.path.join(root, "build", "ctest", "libmoe_cpu_amx_trap.so")
@@ -253,5 +255,6 @@ def test_forms_whose_tiles_lose_stay_on_avx512_until_a_threshold_is_set():
     assert g128 > 0 and i8 > 0 and bf > 0 and fp8 > 0, out
     assert g32 == 0 and a16 == 0 and i8_small == 0 and bf_small == 0 and i8_g32 == 0, out
     s128, s32, sa16, si8, si8_small, sbf, sfp8, sbf_small, si8_g32 = out["set"]
-    assert min(s128, s32, sa16, si8, si8_g32) > 0, out
-    assert si8_small == 0 and sbf == 0 and sfp8 == 0 and sbf_small == 0, out
+    assert s128 > 0 and si8 > 0, out
+    assert s32 == 0 and sa16 == 0 and si8_g32 == 0 and si8_small == 0 and sbf == 0 and sfp8 == 0 and sbf_small == 0, out
+    assert min(out["one"]) > 0, out

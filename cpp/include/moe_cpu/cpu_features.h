@@ -44,8 +44,8 @@ bool amx_emulated();
 // Rows an expert needs before the AMX kernels use the tiles; with fewer, their AVX-512 twins run (the
 // int schemes give the same bits either way). Set by set_amx_min_rows, else MOE_CPU_AMX_MIN_ROWS (a
 // positive integer, read once; ValueError else), else kAmxMinRows. Until one of the two sets it, bf16 and fp8
-// take the tiles from kAmxMinRowsFloat rows, and the forms whose tiles lost at every row count measured stay
-// on the twins (kernels/amx_scratch.h: tiles_lose).
+// take the tiles from kAmxMinRowsFloat rows. The forms whose tiles lost where measured (kernels/amx_scratch.h:
+// tiles_lose) stay on the twins unless the threshold is set to 1 (every expert on the tiles: the tests).
 constexpr int64_t kAmxMinRows = 16;  // measured on a 16-core Emerald Rapids: docs/performance.md, AMX
 constexpr int64_t kAmxMinRowsFloat = 8;  // bf16 / fp8: 1.37-2.18x at 8 rows on a 16- and a 2-core Emerald Rapids
 int64_t amx_min_rows();

@@ -161,8 +161,8 @@ void row_blocks(const TileRows& rows, int64_t R, int64_t G, int64_t gl, int64_t 
 
 // Forms whose tiles lost to the AVX-512 twin on Emerald Rapids at 2 and 16 threads (docs/performance.md, AMX):
 // A16 (0.31-0.58x at 1-128 rows per expert) and int4 / int8 in groups of 32 or less, GGUF's forms (0.49-1.08x at
-// 16-128 rows: each 32-deep step pays a per-group epilogue). They take tiles only once a threshold is set
-// (amx_min_rows_set: the tests set 1).
+// 16-128 rows: each 32-deep step pays a per-group epilogue; with K-quant mins 2.8-4.4x slower at 32 rows). They take
+// tiles only at a set threshold of 1, every expert on the tiles (the tests' setting); other thresholds leave them.
 inline bool tiles_lose(const PackedExperts& w) {
   const bool int_a8 = w.scheme == Scheme::kInt4W4A8 || w.scheme == Scheme::kInt8W8A8;
   return w.a16 || (int_a8 && w.group_size > 0 && w.group_size <= 32);
@@ -171,8 +171,9 @@ inline bool tiles_lose(const PackedExperts& w) {
 // amx_min_rows_float()), or of a form whose tiles lose, go to its AVX-512 twin (same packed layout), the rest
 // to the tiles (which gather scattered rows: KernelDesc::gathers_rows).
 inline bool amx_takes_tiles(const PackedExperts& w, int64_t rows) {
+  if (tiles_lose(w)) return amx_min_rows_set() && amx_min_rows() == 1;
   const bool fp = w.scheme == Scheme::kBf16 || w.scheme == Scheme::kFp8W8A16;
-  return rows >= (fp ? amx_min_rows_float() : amx_min_rows()) && (amx_min_rows_set() || !tiles_lose(w));
+  return rows >= (fp ? amx_min_rows_float() : amx_min_rows());
 }
 inline bool model_takes_tiles(const PackedExperts&, int64_t) { return true; }  // the _amx_model kernels have no twin
 template <const KernelDesc* kTwin, void (*kTiles)(const PackedExperts&, int64_t, int64_t, int64_t, const ActRows&, float*, int64_t)>

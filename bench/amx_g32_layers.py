@@ -23,4 +23,5 @@ for t in TYPES:
                 res[name].append((time.perf_counter() - t0) / len(xs))
         moe_cpu.set_amx_min_rows(None)
         d, s = statistics.median(res["default"]) * 1e3, statistics.median(res["set"]) * 1e3
-        print(f"{t:7s} M {M:4d}: default {d:8.2f} ms  threshold {THR} {s:8.2f} ms  set/default {s / d:5.2f}", flush=True)
+        print(f"{t:7s} M {M:4d}: default {d:8.2f} ms  threshold {THR} {s:8.2f} ms  set/default {s / d:5.2f}",
+              flush=True)

@@ -425,7 +425,8 @@ def cpu_features() -> dict:
     "isa": forced level, "kernels": {scheme: kernel name chosen now}, "amx": "granted", why AMX is
     not used, or "emulated: ..." under the tests' SIGILL trap (tests/amx_trap; not a speed path), "amx_min_rows": rows an expert needs before the AMX kernels use tiles, "amx_min_rows_float": the same for
     bf16 and fp8, "amx_min_rows_set": whether ``set_amx_min_rows`` or ``MOE_CPU_AMX_MIN_ROWS`` set it (until
-    then, bf16 and fp8 take the tiles from 8 rows); A16 and int4 / int8 in groups of 32 stay off them unless it is 1}``."""
+    then, bf16 and fp8 take the tiles from 8 rows; A16 and int4 / int8 in groups of 32 stay off them unless it is
+    set to 1)}``."""
     return {
         "detected": list(_core.detected_features()),
         "active": list(_core.active_features()),

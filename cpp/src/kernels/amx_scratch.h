@@ -161,8 +161,9 @@ void row_blocks(const TileRows& rows, int64_t R, int64_t G, int64_t gl, int64_t 
 
 // Forms whose tiles lost to the AVX-512 twin on Emerald Rapids at 2 and 16 threads (docs/performance.md, AMX):
 // A16 (0.31-0.58x at 1-128 rows per expert) and int4 / int8 in groups of 32 or less, GGUF's forms (0.49-1.08x at
-// 16-128 rows: each 32-deep step pays a per-group epilogue; with K-quant mins 2.8-4.4x slower at 32 rows). They take
-// tiles only at a set threshold of 1, every expert on the tiles (the tests' setting); other thresholds leave them.
+// 16-128 rows: each 32-deep step pays a per-group epilogue; codebooks and K-quant mins 2.2-4.8x slower at 32).
+// They take tiles only at a set threshold of 1, every expert on the tiles (the tests' setting); other thresholds
+// leave them.
 inline bool tiles_lose(const PackedExperts& w) {
   const bool int_a8 = w.scheme == Scheme::kInt4W4A8 || w.scheme == Scheme::kInt8W8A8;
   return w.a16 || (int_a8 && w.group_size > 0 && w.group_size <= 32);

@@ -165,8 +165,7 @@ void row_blocks(const TileRows& rows, int64_t R, int64_t G, int64_t gl, int64_t 
 // They take tiles only at a set threshold of 1, every expert on the tiles (the tests' setting); other thresholds
 // leave them.
 inline bool tiles_lose(const PackedExperts& w) {
-  const bool int_a8 = w.scheme == Scheme::kInt4W4A8 || w.scheme == Scheme::kInt8W8A8;
-  return w.a16 || (int_a8 && w.group_size > 0 && w.group_size <= 32);
+  return w.a16 || (is_int_scheme(w.scheme) && w.group_size > 0 && w.group_size <= 32);
 }
 // The per-expert choice of an AMX kernel: experts with fewer than amx_min_rows() rows (bf16 / fp8:
 // amx_min_rows_float()), or of a form whose tiles lose, go to its AVX-512 twin (same packed layout), the rest

@@ -403,7 +403,9 @@ struct IntAvx2 {
 
 // Row tiles for short scale groups on the vpmaddubsw tier (int_avx2_g32.h, which a kernel file using
 // IntDot::kMaddubs includes), kG32Rows rows each.
-template <bool kInt4, Codes C, int kBlk, int P> struct IntAvx2G32;
+template <bool kInt4, Codes C, int kBlk, int P, int kF> struct IntAvx2G32;
+template <bool kInt4, Codes C, int kBlk, int P>
+void drive_g32(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc);
 template <template <int, int> class Micro, int R>
 void drive_even(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc);
 constexpr int kG32Rows = 8;
@@ -431,11 +433,10 @@ void int4_avx2_code_form_gemm(const PackedExperts& w, int64_t e, int64_t b0, int
         for (int64_t b = b0; b < b1; ++b) int4_qword_decode<kBlk, kS>(w, e, b, a, c + (b - b0) * 16);
         return;
       }
-      return drive_even<IntAvx2G32<true, kS ? Codes::kQwordSigned : Codes::kQword, kBlk, 2>::template Micro, kG32Rows>(
-          w, e, b0, b1, a, c, ldc);
+      return drive_g32<true, kS ? Codes::kQwordSigned : Codes::kQword, kBlk, 2>(w, e, b0, b1, a, c, ldc);
     }
   if constexpr (D == IntDot::kMaddubs && kBlk <= 1)
-    if (int4_g32_fits(w, a, C)) return drive_even<IntAvx2G32<true, C, kBlk, 2>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+    if (int4_g32_fits(w, a, C)) return drive_g32<true, C, kBlk, 2>(w, e, b0, b1, a, c, ldc);
   if (w.qword_panels)  // (activation blocks shorter than a group of 32 do not exist: a guard, not a path)
     throw std::logic_error("int4 qword panels reached a kernel path without them");
   drive<IntAvx2<true, D, C, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);

@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <type_traits>
 
 #include "common/layout.h"
 #include "kernels/tile_driver.h"
@@ -67,34 +69,50 @@ inline __m256i bcast16(const int8_t* p) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// A row tile's compile-time epilogue terms (kF): codes with a zero point (minus zc * code sum), weights with mins.
+constexpr int kG32Zc = 1, kG32Mins = 2;
+inline int g32_terms(int zc, bool mins) { return (zc != 0 ? kG32Zc : 0) | (mins ? kG32Mins : 0); }
+// fn(std::integral_constant<int, kF>) for f's terms; kMask: the terms this form can have (no other is instantiated).
+template <int kMask, class Fn>
+__attribute__((always_inline)) inline void with_g32_terms(int f, const Fn& fn) {
+  if ((f & ~kMask) != 0) throw std::logic_error("row tile terms outside the form's");
+  switch (f) {
+    case kG32Zc: if constexpr ((kMask & kG32Zc) != 0) return fn(std::integral_constant<int, kG32Zc>{}); break;
+    case kG32Mins: if constexpr ((kMask & kG32Mins) != 0) return fn(std::integral_constant<int, kG32Mins>{}); break;
+    case kG32Zc | kG32Mins:
+      if constexpr (kMask == (kG32Zc | kG32Mins)) return fn(std::integral_constant<int, kG32Zc | kG32Mins>{});
+      break;
+    default: return fn(std::integral_constant<int, 0>{});
+  }
+}
+
 // A row tile's rows (IntAvx2G32, IntAvx2Split): each row's activation codes, block scales (kBlk), fp32 code sums
 // (weights with mins) and zc * its code sum per group; finish() takes a group's exact int32 sums to the fp32 sum with
 // IntAvx2's epilogue (minus zc * code sum, converted, times the block scale, fmadd with the group scale sv, minus
 // min * the group's scaled code sum).
-template <int MR, int kBlk>
+template <int MR, int kBlk, int kF>
 struct G32Rows {
   const int8_t* arow[MR];
   const float* bsr[MR];
   const float* asf[MR];
-  int zc;
-  alignas(32) int32_t zs[MR][kG32MaxGroups];
-  G32Rows(const ActRows& a, int64_t r0, int64_t G, bool mins, int zc_) : zc(zc_) {
+  alignas(32) int32_t zs[(kF & kG32Zc) ? MR : 1][(kF & kG32Zc) ? kG32MaxGroups : 1];
+  G32Rows(const ActRows& a, int64_t r0, int64_t G, bool mins, int zc) {
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
       const int64_t ri = a.row_idx[r0 + r];
       arow[r] = a.q + ri * a.Kp;
       bsr[r] = kBlk ? a.bscale + ri * G : nullptr;
       asf[r] = mins ? a.asum_f32 + ri * G : nullptr;
-      if (zc)
+      if constexpr ((kF & kG32Zc) != 0)
         for (int64_t gi = 0; gi < G; ++gi) zs[r][gi] = zc * a.asum[ri * G + gi];
     }
   }
-  // mn: the mins of the group's 8 columns, or nullptr.
+  // mn: the mins of the group's 8 columns (kF & kG32Mins).
   __attribute__((always_inline)) __m256 finish(int r, int64_t gi, __m256i exact, __m256 sv, const float* mn, __m256 acc) const {
-    if (zc) exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(zs[r][gi]));
+    if constexpr ((kF & kG32Zc) != 0) exact = _mm256_sub_epi32(exact, _mm256_set1_epi32(zs[r][gi]));
     __m256 x = _mm256_cvtepi32_ps(exact);
     if constexpr (kBlk != 0) x = _mm256_mul_ps(x, _mm256_broadcast_ss(bsr[r] + gi));
     acc = _mm256_fmadd_ps(x, sv, acc);
-    if (mn) acc = _mm256_fnmadd_ps(_mm256_load_ps(mn), _mm256_broadcast_ss(asf[r] + gi), acc);
+    if constexpr ((kF & kG32Mins) != 0) acc = _mm256_fnmadd_ps(_mm256_load_ps(mn), _mm256_broadcast_ss(asf[r] + gi), acc);
     return acc;
   }
 };
@@ -115,8 +133,8 @@ struct TileMins {
   }
 };
 
-// kInt4: int4 codes C in groups of 32 (P = 2); else int8 in groups of 16 P.
-template <bool kInt4, Codes C, int kBlk, int P>
+// kInt4: int4 codes C in groups of 32 (P = 2); else int8 in groups of 16 P. kF: g32_terms(w, C).
+template <bool kInt4, Codes C, int kBlk, int P, int kF>
 struct IntAvx2G32 {
   template <int MR, int NJ>
   struct Micro {
@@ -131,7 +149,7 @@ struct IntAvx2G32 {
       const TileMins mins(w, a, forms, sbase);
       constexpr int64_t gl = 16 * P, gbytes = kInt4 ? 8 * gl : 16 * gl;  // a group's bytes in one half-panel
       constexpr bool kPlainCodes = kInt4 && (C == Codes::kPlain || C == Codes::kQword);
-      const G32Rows<MR, kBlk> rows(a, r0, G, w.has_mins, kPlainCodes ? w.code_zero : 0);
+      const G32Rows<MR, kBlk, kF> rows(a, r0, G, w.has_mins, (kF & kG32Zc) ? w.code_zero : 0);
       const auto& arow = rows.arow;
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
       const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
@@ -149,7 +167,7 @@ struct IntAvx2G32 {
           const __m256 sv = forms.scales(a.blk_scales, 0, gi, h * 8, sc, sbase + gi * 16 + h * 8);
           // One row's group: the exact int32 sums to the fp32 sum, as IntAvx2's epilogue.
           alignas(32) float imv[8];
-          const float* mg = mins.at(gi, h * 8, imv);
+          const float* mg = (kF & kG32Mins) ? mins.at(gi, h * 8, imv) : nullptr;
           const auto finish = [&](int r, __m256i exact) __attribute__((always_inline)) {
             acc[r] = rows.finish(r, gi, exact, sv, mg, acc[r]);
           };
@@ -331,15 +349,28 @@ void drive_even(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const
     }
 }
 
+// IntAvx2G32's row tiles for the weights' epilogue terms (a zero point only on plain int4 codes).
+template <bool kInt4, Codes C, int kBlk, int P>
+void drive_g32(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  constexpr bool kPlain = kInt4 && (C == Codes::kPlain || C == Codes::kQword);
+  with_g32_terms<kPlain ? kG32Zc | kG32Mins : kG32Mins>(g32_terms(kPlain ? w.code_zero : 0, w.has_mins),
+                                                        [&](auto kf) __attribute__((always_inline)) {
+    drive_even<IntAvx2G32<kInt4, C, kBlk, P, decltype(kf)::value>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+  });
+}
+
 // The int8 GEMM in IntAvx2G32's row tiles, P passes per group (int8_g32_passes).
 template <int NJ, int ND>
 void int8_avx2_g32_gemm(int P, const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                         int64_t ldc) {
-  if (a.bscale)
-    return P == 1 ? drive_even<IntAvx2G32<false, Codes::kPlain, 1, 1>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc)
-                  : drive_even<IntAvx2G32<false, Codes::kPlain, 1, 2>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
-  P == 1 ? drive_even<IntAvx2G32<false, Codes::kPlain, 0, 1>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc)
-         : drive_even<IntAvx2G32<false, Codes::kPlain, 0, 2>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+  with_g32_terms<kG32Mins>(g32_terms(0, w.has_mins), [&](auto kf) __attribute__((always_inline)) {
+    constexpr int kF = decltype(kf)::value;
+    if (a.bscale)
+      return P == 1 ? drive_even<IntAvx2G32<false, Codes::kPlain, 1, 1, kF>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc)
+                    : drive_even<IntAvx2G32<false, Codes::kPlain, 1, 2, kF>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+    P == 1 ? drive_even<IntAvx2G32<false, Codes::kPlain, 0, 1, kF>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc)
+           : drive_even<IntAvx2G32<false, Codes::kPlain, 0, 2, kF>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+  });
 }
 
 MOE_ISA_END

@@ -52,7 +52,7 @@ inline __m256i split_bcast4(const int8_t* p) {
 
 // kXb high bits a code (1: 5-bit codes, 2: 6-bit), kS steps of 8 k a group (2: groups of 16, 4: of 32), kBlk: a block
 // scale per group (A8 activation blocks).
-template <int kXb, int kBlk, int kS>
+template <int kXb, int kBlk, int kS, int kF = 0>  // kF: the row tiles' terms (g32_terms)
 struct IntAvx2Split {
   static constexpr int kSpv = 4 / kXb;  // steps per high-bit vector
   static_assert(kS % kSpv == 0, "whole high-bit vectors per group");
@@ -107,7 +107,7 @@ struct IntAvx2Split {
       const float* sc = w.scales.as<float>();
       const IntForms forms(w, e, b, G);
       const TileMins mins(w, a, forms, sbase);  // float mins, or integer ones (Q5_K)
-      const G32Rows<MR, kBlk> rows(a, r0, G, w.has_mins, w.split_zero);
+      const G32Rows<MR, kBlk, kF> rows(a, r0, G, w.has_mins, w.split_zero);
       const auto& arow = rows.arow;
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
       const __m256i hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));
@@ -122,7 +122,7 @@ struct IntAvx2Split {
           const uint8_t* gh = ph + gi * (kS / kSpv) * 64 + h * 32;
           const __m256 sv = forms.scales(a.blk_scales, 0, gi, h * 8, sc, sbase + gi * 16 + h * 8);
           alignas(32) float imv[8];
-          const float* gmn = mins.at(gi, h * 8, imv);
+          const float* gmn = (kF & kG32Mins) ? mins.at(gi, h * 8, imv) : nullptr;
           __m256i lo[kS], hi[kS];
           split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
             constexpr int t = decltype(tc)::value, j = 2 * (t % kSpv);
@@ -167,6 +167,13 @@ struct IntAvx2Split {
 };
 
 template <int kXb, int kBlk, int kS>
+void split_tiles(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  with_g32_terms<kG32Zc | kG32Mins>(g32_terms(w.split_zero, w.has_mins), [&](auto kf) __attribute__((always_inline)) {
+    drive_even<IntAvx2Split<kXb, kBlk, kS, decltype(kf)::value>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+  });
+}
+
+template <int kXb, int kBlk, int kS>
 void int8_avx2_split_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                              int64_t ldc) {
   if (a.rows == 1) {
@@ -174,7 +181,7 @@ void int8_avx2_split_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int6
     return;
   }
   if (!w.imin_groups || !block_scratch_pays(a))  // integer mins: widened per row tile (Q5_K at M = 128: one a block)
-    return drive_even<IntAvx2Split<kXb, kBlk, kS>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+    return split_tiles<kXb, kBlk, kS>(w, e, b0, b1, a, c, ldc);
   // three row tiles or more a block: its integer mins widened once for all of them (Q5_K, M = 512, against float
   // mins: 1.034 per tile, 1.006-1.029 so)
   thread_local std::vector<float> buf;
@@ -184,7 +191,7 @@ void int8_avx2_split_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int6
   ab.blk_mins = blk;
   for (int64_t b = b0; b < b1; ++b) {
     store_block_forms(w, e, b, a.G, nullptr, blk);
-    drive_even<IntAvx2Split<kXb, kBlk, kS>::template Micro, kG32Rows>(w, e, b, b + 1, ab, c + (b - b0) * 16, ldc);
+    split_tiles<kXb, kBlk, kS>(w, e, b, b + 1, ab, c + (b - b0) * 16, ldc);
   }
 }
 

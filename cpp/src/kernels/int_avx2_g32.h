@@ -1,15 +1,18 @@
 // int_avx2_g32.h — row tiles of the vpmaddubsw int kernels (w4a8_avx2, w8a8_avx2) for short scale groups,
 // the GGUF forms: int4 groups of 32 (Q4_0, Q4_K, IQ4_NL / IQ4_XS), int8 groups of 32 (Q8_0, Q5_0, Q5_K) and 16
-// (Q6_K). MR rows x 8 columns at a time, one ymm fp32 sum per row held in a register across all groups. Per
+// (Q6_K). MR rows x 8 columns at a time, one ymm fp32 sum per row across all groups. Per
 // (group, 8 columns) the codes are unpacked once and serve every row of the tile; per row and group:
 //   int4 kPlain: 8 vpmaddubsw whose int16 outputs add as a tree (16 products <= 16 * 15 * 127 < 2^15), one
 //     vpmaddwd, minus code_zero * the group's code sum (int32);
 //   int4 kSigned, int8: vpmaddubsw(|w|, sign(a, w)) then vpmaddwd per 4 channels (2 * 128 * 127 < 2^15), in
-//     passes of 16 channels (w = codebook value, or the int8 byte minus 128);
+//     passes of 16 channels (w = codebook value, or the int8 byte minus 128), each step's 4 activation bytes a
+//     broadcast load (no vpshufd);
 //   int4 kQword (plain codes on qword panels, moe/qword_panels.h): per 8 k one 8-byte broadcast of the activations
 //     for both nibble vectors (no vpshufd), 8 vpmaddubsw into two int16 sums, one vphaddw, one vpmaddwd;
-//   int4 kQwordSigned: kSigned's products on qword panels, the two int32 sums of a pass added pairwise (vphaddd);
-// then, as IntAvx2 computes them (the same integers, the same fp32 operations in the same order):
+//   int4 kQwordSigned: kSigned's products on qword panels, each pass's column halves {0, 1, 4, 5} / {2, 3, 6, 7} summed
+//     over both passes, then one vphaddd a group;
+// then, as IntAvx2 computes them (the same integers, the same fp32 operations in the same order; the zero point and
+// the mins are compile-time terms, kF):
 // converted, times the group's block scale (kBlk), fmadd with the group scale, minus min * the group's
 // scaled code sum. The decode tile (one row) stays IntAvx2's.
 #pragma once
@@ -62,6 +65,13 @@ inline __m256i qword_group(const __m256i* lo, const __m256i* hi, const int8_t* y
   const __m256i s1 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(hi[0], b0), _mm256_maddubs_epi16(hi[1], b1)),
                                       _mm256_add_epi16(_mm256_maddubs_epi16(hi[2], b2), _mm256_maddubs_epi16(hi[3], b3)));
   return _mm256_madd_epi16(_mm256_hadd_epi16(s0, s1), ones);
+}
+
+// The 4 activation bytes at p in every 4-byte lane (vpbroadcastd from memory).
+inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
 }
 
 // The 16 activation bytes at p in both 128-bit lanes.
@@ -194,7 +204,7 @@ struct IntAvx2G32 {
               finish(r, _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3)), ones));
             }
           } else {  // passes of 16 channels: w and |w| in 8 ymm (int4: two k-steps' codes; int8: four k-steps)
-            __m256i s[MR];
+            __m256i s[MR], s2[C == Codes::kQwordSigned ? MR : 1];
             _Pragma("GCC unroll 2") for (int p = 0; p < P; ++p) {
               __m256i sw[4], aw[4];
               if constexpr (kInt4) {
@@ -217,11 +227,16 @@ struct IntAvx2G32 {
                 __m256i part;
                 if constexpr (C == Codes::kQwordSigned) {  // sw / aw: step t's columns {0, 1, 4, 5} at 2t, the others at 2t + 1
                   const __m256i b0 = bcast8(arow[r] + gi * gl + p * 16), b1 = bcast8(arow[r] + gi * gl + p * 16 + 8);
-                  part = _mm256_hadd_epi32(_mm256_add_epi32(d(0, b0), d(2, b1)), _mm256_add_epi32(d(1, b0), d(3, b1)));
+                  const __m256i x0 = _mm256_add_epi32(d(0, b0), d(2, b1)), x1 = _mm256_add_epi32(d(1, b0), d(3, b1));
+                  // both passes' column halves add first, then one vphaddd a group
+                  if (P == 1) finish(r, _mm256_hadd_epi32(x0, x1));
+                  else if (p == 0) s[r] = x0, s2[r] = x1;
+                  else finish(r, _mm256_hadd_epi32(_mm256_add_epi32(s[r], x0), _mm256_add_epi32(s2[r], x1)));
+                  continue;
                 } else {
-                  const __m256i y = bcast16(arow[r] + gi * gl + p * 16);
-                  part = _mm256_add_epi32(_mm256_add_epi32(d(0, _mm256_shuffle_epi32(y, 0x00)), d(1, _mm256_shuffle_epi32(y, 0x55))),
-                                          _mm256_add_epi32(d(2, _mm256_shuffle_epi32(y, 0xaa)), d(3, _mm256_shuffle_epi32(y, 0xff))));
+                  const int8_t* y = arow[r] + gi * gl + p * 16;  // each step's 4 bytes: a broadcast load, no vpshufd
+                  part = _mm256_add_epi32(_mm256_add_epi32(d(0, bcast4(y)), d(1, bcast4(y + 4))),
+                                          _mm256_add_epi32(d(2, bcast4(y + 8)), d(3, bcast4(y + 12))));
                 }
                 if (P == 1) finish(r, part);
                 else if (p == 0) s[r] = part;

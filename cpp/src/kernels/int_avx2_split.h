@@ -132,12 +132,10 @@ struct IntAvx2Split {
             hi[t] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), split_high<kXb, j + 1>(hv, hmask));
           });
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-            // the group's activation bytes as 16-byte halves in both lanes; vpshufd picks each step's 4 + 4
-            const __m256i yl = bcast16(arow[r] + gi * kS * 8), yh = kS == 4 ? bcast16(arow[r] + gi * kS * 8 + 16) : yl;
-            __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], _mm256_shuffle_epi32(yl, 0x00)),
-                                          _mm256_maddubs_epi16(hi[0], _mm256_shuffle_epi32(yl, 0x55)));
-            __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], _mm256_shuffle_epi32(yl, 0xaa)),
-                                          _mm256_maddubs_epi16(hi[1], _mm256_shuffle_epi32(yl, 0xff)));
+            // each step's 4 + 4 activation bytes: broadcast loads, no vpshufd
+            const int8_t* y = arow[r] + gi * kS * 8;
+            __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], bcast4(y)), _mm256_maddubs_epi16(hi[0], bcast4(y + 4)));
+            __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], bcast4(y + 8)), _mm256_maddubs_epi16(hi[1], bcast4(y + 12)));
             __m256i exact;
             if constexpr (kXb == 1) {  // 5-bit codes: two steps' pairs add in int16 (<= 4 * 2 * 31 * 127)
               exact = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones);
@@ -145,10 +143,8 @@ struct IntAvx2Split {
               exact = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
             }
             if constexpr (kS == 4) {
-              const __m256i p2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[2], _mm256_shuffle_epi32(yh, 0x00)),
-                                                  _mm256_maddubs_epi16(hi[2], _mm256_shuffle_epi32(yh, 0x55)));
-              const __m256i p3 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[3], _mm256_shuffle_epi32(yh, 0xaa)),
-                                                  _mm256_maddubs_epi16(hi[3], _mm256_shuffle_epi32(yh, 0xff)));
+              const __m256i p2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[2], bcast4(y + 16)), _mm256_maddubs_epi16(hi[2], bcast4(y + 20)));
+              const __m256i p3 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[3], bcast4(y + 24)), _mm256_maddubs_epi16(hi[3], bcast4(y + 28)));
               if constexpr (kXb == 1)
                 exact = _mm256_add_epi32(exact, _mm256_madd_epi16(_mm256_add_epi16(p2, p3), ones));
               else

@@ -43,13 +43,6 @@ inline __attribute__((always_inline)) void split_unroll(const F& f) {
   }
 }
 
-// The activation bytes at p in every int32 lane.
-inline __m256i split_bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-
 // kXb high bits a code (1: 5-bit codes, 2: 6-bit), kS steps of 8 k a group (2: groups of 16, 4: of 32), kBlk: a block
 // scale per group (A8 activation blocks).
 template <int kXb, int kBlk, int kS, int kF = 0>  // kF: the row tiles' terms (g32_terms)
@@ -80,7 +73,7 @@ struct IntAvx2Split {
       s32[0] = s32[1] = _mm256_set1_epi32(-zc * r.asr[gi]);
       split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
         constexpr int t = decltype(tc)::value, j = 2 * (t % kSpv);
-        const __m256i b0 = split_bcast4(y + (gi * kS + t) * 8), b1 = split_bcast4(y + (gi * kS + t) * 8 + 4);
+        const __m256i b0 = bcast4(y + (gi * kS + t) * 8), b1 = bcast4(y + (gi * kS + t) * 8 + 4);
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
           const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(gn + t * 64 + h * 32));
           const __m256i hv = _mm256_load_si256(reinterpret_cast<const __m256i*>(gh + (t / kSpv) * 64 + h * 32));

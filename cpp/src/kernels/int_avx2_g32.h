@@ -97,21 +97,21 @@ __attribute__((always_inline)) inline void with_g32_terms(int f, const Fn& fn) {
 }
 
 // A row tile's rows (IntAvx2G32, IntAvx2Split): each row's activation codes, block scales (kBlk), fp32 code sums
-// (weights with mins) and zc * its code sum per group; finish() takes a group's exact int32 sums to the fp32 sum with
-// IntAvx2's epilogue (minus zc * code sum, converted, times the block scale, fmadd with the group scale sv, minus
-// min * the group's scaled code sum).
+// (kF & kG32Mins) and zc * its code sum per group (kF & kG32Zc); finish() takes a group's exact int32 sums to the
+// fp32 sum with IntAvx2's epilogue (minus zc * code sum, converted, times the block scale, fmadd with the group
+// scale sv, minus min * the group's scaled code sum).
 template <int MR, int kBlk, int kF>
 struct G32Rows {
   const int8_t* arow[MR];
   const float* bsr[MR];
   const float* asf[MR];
   alignas(32) int32_t zs[(kF & kG32Zc) ? MR : 1][(kF & kG32Zc) ? kG32MaxGroups : 1];
-  G32Rows(const ActRows& a, int64_t r0, int64_t G, bool mins, int zc) {
+  G32Rows(const ActRows& a, int64_t r0, int64_t G, int zc) {
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
       const int64_t ri = a.row_idx[r0 + r];
       arow[r] = a.q + ri * a.Kp;
       bsr[r] = kBlk ? a.bscale + ri * G : nullptr;
-      asf[r] = mins ? a.asum_f32 + ri * G : nullptr;
+      asf[r] = (kF & kG32Mins) ? a.asum_f32 + ri * G : nullptr;
       if constexpr ((kF & kG32Zc) != 0)
         for (int64_t gi = 0; gi < G; ++gi) zs[r][gi] = zc * a.asum[ri * G + gi];
     }
@@ -159,7 +159,7 @@ struct IntAvx2G32 {
       const TileMins mins(w, a, forms, sbase);
       constexpr int64_t gl = 16 * P, gbytes = kInt4 ? 8 * gl : 16 * gl;  // a group's bytes in one half-panel
       constexpr bool kPlainCodes = kInt4 && (C == Codes::kPlain || C == Codes::kQword);
-      const G32Rows<MR, kBlk, kF> rows(a, r0, G, w.has_mins, (kF & kG32Zc) ? w.code_zero : 0);
+      const G32Rows<MR, kBlk, kF> rows(a, r0, G, (kF & kG32Zc) ? w.code_zero : 0);
       const auto& arow = rows.arow;
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
       const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(

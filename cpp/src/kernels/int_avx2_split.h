@@ -100,7 +100,7 @@ struct IntAvx2Split {
       const float* sc = w.scales.as<float>();
       const IntForms forms(w, e, b, G);
       const TileMins mins(w, a, forms, sbase);  // float mins, or integer ones (Q5_K)
-      const G32Rows<MR, kBlk, kF> rows(a, r0, G, w.has_mins, w.split_zero);
+      const G32Rows<MR, kBlk, kF> rows(a, r0, G, w.split_zero);
       const auto& arow = rows.arow;
       const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
       const __m256i hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));

@@ -3,12 +3,14 @@
 // vpmaddubsw peak (2 a cycle on Intel since Haswell and on Zen 3 / 4) measured around each run: a VM without a PMU
 // whose clock moves. docs/performance.md compares it with llvm-mca's bound and the library's tile.
 //
-//   g++ -O2 -mavx2 -mfma -mf16c -mbmi2 bench/g32_tile_micro.cpp -o /tmp/g32_tile_micro && /tmp/g32_tile_micro
+//   g++ -std=c++17 -O2 -mavx2 -mfma -mf16c -Icpp/src -Icpp/include bench/g32_tile_micro.cpp -o /tmp/g32_tile_micro
+//   /tmp/g32_tile_micro
 //
 // Variants: 0 the tile as the library computes it (zero point, convert, block scale, FMA with the group scale);
 // 1 without the fp32 epilogue (convert and add only); 2 as 0 with each row's activations, block scales and zero
 // terms behind per-row pointers (the library's G32Rows); 3 codes unpacked once to L1, then rows outer and groups
 // inner (one sum per half in registers, no spills).
+#define MOE_ISA avx2  // kernels/isa.h
 #include <immintrin.h>
 
 #include <chrono>
@@ -16,6 +18,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include "kernels/int_avx2_g32.h"
 
 constexpr int G = 64, MR = 8;  // K = 2048 (Qwen3-30B-A3B's w13), one tile
 alignas(64) uint8_t panel[G * 512];
@@ -26,19 +30,9 @@ alignas(64) __m256i unpacked[2][G][8];
 int8_t* row_act[MR];
 float* row_bs[MR];
 
-static inline __m256i bcast8(const int8_t* p) {
-  int64_t v;
-  std::memcpy(&v, p, 8);
-  return _mm256_set1_epi64x(v);
-}
-
+// The library's own dot of one row and group (kernels/int_avx2_g32.h).
 static inline __m256i group_dot(const __m256i* lo, const __m256i* hi, const int8_t* y, __m256i ones) {
-  const __m256i b0 = bcast8(y), b1 = bcast8(y + 8), b2 = bcast8(y + 16), b3 = bcast8(y + 24);
-  const __m256i s0 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[0], b0), _mm256_maddubs_epi16(lo[1], b1)),
-                                      _mm256_add_epi16(_mm256_maddubs_epi16(lo[2], b2), _mm256_maddubs_epi16(lo[3], b3)));
-  const __m256i s1 = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(hi[0], b0), _mm256_maddubs_epi16(hi[1], b1)),
-                                      _mm256_add_epi16(_mm256_maddubs_epi16(hi[2], b2), _mm256_maddubs_epi16(hi[3], b3)));
-  return _mm256_madd_epi16(_mm256_hadd_epi16(s0, s1), ones);
+  return moe_cpu::kernels::avx2::qword_group(lo, hi, y, ones);
 }
 
 struct Rows {

@@ -15,6 +15,9 @@ What it prints
     neighbour on 2 cores: 1.5x); a team whose threads spin while one of them is descheduled does far worse.
     ``--ik`` adds ik_llama.cpp (its PyPI wheel, bench/ik_peer.py's one-layer Q4_0 model, whole-model decode
     calls) under the same neighbours, where that wheel is installed.
+    ``--spin-ref`` adds "spin-1t": one thread (no team, no memory traffic) doing a fixed amount of work that
+    takes as long as moe_cpu's quiet p50 at that M. Its tail beside neighbours is what the scheduler does to any
+    call of that length from this caller; no team can do better than it.
 
 Usage
     python bench/contention.py                                   # M = 1, 128; 0 (quiet), 1, 2 neighbours
@@ -99,6 +102,25 @@ def moe_cpu_case(M: int, w13, w2, rng):
     return call
 
 
+def _work(n: int) -> None:
+    for _ in range(n):
+        pass
+
+
+def spin_case(target_ms: float):
+    """One thread of fixed work that takes target_ms when it has a CPU to itself (calibrated here, quietly)."""
+    n, dt = 20000, 0.0
+    while True:
+        t0 = time.perf_counter()
+        _work(n)
+        dt = (time.perf_counter() - t0) * 1e3
+        if dt > 5.0:
+            break
+        n *= 2
+    iters = max(1, int(n * target_ms / dt))
+    return lambda: _work(iters)
+
+
 def ik_case(M: int, threads: int):
     """ik_llama.cpp's whole-model decode of M tokens on bench/ik_peer.py's one-layer Q4_0 model, or None."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -133,6 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="moe_cpu threads (default 2)")
     ap.add_argument("--calls", type=int, default=0, help="timed calls per case (default 300 at M = 1, 40 above)")
     ap.add_argument("--ik", action="store_true", help="also time ik_llama.cpp's wheel under the same neighbours")
+    ap.add_argument("--spin-ref", action="store_true",
+                    help="also time one thread of fixed work as long as moe_cpu's quiet p50 (the scheduler's bound)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     try:
@@ -152,7 +176,10 @@ def main(argv=None) -> int:
     print(f"# host: {os.cpu_count()} CPUs, load average {', '.join(f'{v:.1f}' for v in os.getloadavg())}; "
           f"moe_cpu threads {args.threads}, kernel {w13.kernel}, team {moe_cpu.compute_team()}")
     print(f"# {'engine':8} {'M':>5} {'neigh':>5} | {'p10 ms':>8} {'p50 ms':>8} {'p90 ms':>8} | p50/quiet p90/quiet")
+    quiet_moe: Dict[int, float] = {}
     engines = [("moe_cpu", lambda M: moe_cpu_case(M, w13, w2, rng))]
+    if args.spin_ref:
+        engines.append(("spin-1t", lambda M: spin_case(quiet_moe[M])))
     if args.ik:
         engines.append(("ik", lambda M: ik_case(M, args.threads)))
     for name, make in engines:
@@ -166,6 +193,8 @@ def main(argv=None) -> int:
                 with Neighbours(n):
                     p = percentiles(time_calls(fn, calls))
                 quiet = quiet or p["p50"]
+                if name == "moe_cpu" and n == 0:
+                    quiet_moe[M] = quiet
                 print(f"  {name:8} {M:5d} {n:5d} | {p['p10']:8.3f} {p['p50']:8.3f} {p['p90']:8.3f} | "
                       f"{p['p50'] / quiet:9.2f} {p['p90'] / quiet:9.2f}", flush=True)
     return 0

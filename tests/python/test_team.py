@@ -132,3 +132,14 @@ def test_neighbours_refuse_negative_counts():
         sys.path.pop(0)
     with pytest.raises(ValueError, match="neighbours = -2 must be >= 0"):
         contention.Neighbours(-2)
+
+
+def test_contention_spin_reference_runs():
+    # --spin-ref adds one row per case for a single thread of fixed work (bench/contention.py); 5 quiet calls.
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "contention.py"), "--m", "1", "--neighbours", "0",
+                          "--calls", "5", "--spin-ref"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {ln.split()[0]: ln.split() for ln in out.stdout.splitlines() if ln.strip() and not ln.startswith("#")}
+    assert set(rows) == {"moe_cpu", "spin-1t"}, out.stdout
+    for r in rows.values():  # engine M neighbours | p10 p50 p90 | p50/quiet p90/quiet
+        assert r[1:3] == ["1", "0"] and all(float(v) > 0 for v in r[4:7]) and r[8] == "1.00", r

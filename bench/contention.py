@@ -17,7 +17,7 @@ What it prints
     calls) under the same neighbours, where that wheel is installed.
     ``--spin-ref`` adds "spin-1t": one thread (no team, no memory traffic) doing a fixed amount of work that
     takes as long as moe_cpu's quiet p50 at that M. Its tail beside neighbours is what the scheduler does to any
-    call of that length from this caller; no team can do better than it.
+    call of that length from this caller, whatever runs inside it.
 
 Usage
     python bench/contention.py                                   # M = 1, 128; 0 (quiet), 1, 2 neighbours
@@ -42,10 +42,14 @@ from moe_cpu.bench.timing import routing_pool
 H, I, E, K = 2048, 768, 128, 8
 
 
+def _work(n: int) -> None:  # n empty loop iterations: CPU only, no memory traffic
+    for _ in range(n):
+        pass
+
+
 def _spin(stop) -> None:  # a busy neighbour: pure CPU until told to stop
     while not stop.is_set():
-        for _ in range(10000):
-            pass
+        _work(10000)
 
 
 class Neighbours:
@@ -102,14 +106,9 @@ def moe_cpu_case(M: int, w13, w2, rng):
     return call
 
 
-def _work(n: int) -> None:
-    for _ in range(n):
-        pass
-
-
 def spin_case(target_ms: float):
     """One thread of fixed work that takes target_ms when it has a CPU to itself (calibrated here, quietly)."""
-    n, dt = 20000, 0.0
+    n = 20000
     while True:
         t0 = time.perf_counter()
         _work(n)

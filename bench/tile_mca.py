@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""The AVX2 GGUF row tiles, and ik_llama.cpp's hot prefill loops, under llvm-mca's port models.
+
+Noise-free figures for a noisy host: each loop's steady-state cycles per 256 products (one row, a group of 32
+channels and 8 columns: 8 vpmaddubsw) on llvm-mca's Sapphire Rapids (Golden Cove cores, as the Emerald Rapids
+hosts) and Zen 3 models (the AVX2-only host of issue 40).
+
+- moe_cpu: kernels/int_avx2_g32.h's row tiles, 8 rows, compiled here as the library compiles them (-O3, the avx2
+  ISA region); the group loop is the smallest backward-jump loop with 64 vpmaddubsw. The loop holds every path
+  of its run-time branches (scale forms, mins), so a tile with branches counts a little high.
+- ik (``--ik-lib``): loops of the ik-llama-cpp-python==0.1.5 wheel's libggml, found by perf (cpu-clock) as
+  ik's hottest at M = 512 with rtr=1, fmoe=1 on bench/ik_peer.py's files, by start address (listed in IK_LOOPS;
+  another build has other addresses, and the script refuses a library whose bytes differ).
+
+    python3 bench/tile_mca.py [--ik-lib /tmp/ikpeer/ik_llama_cpp_python.libs/libggml-0b5e5db1.so]
+
+Needs g++, objdump and an llvm-mca that knows both CPUs (LLVM 16 or later: apt-get install llvm-19). LLVM 14's
+"alderlake" is its Skylake model (two load ports), which docs/performance.md used before.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List, Optional, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# type -> the tile instantiation GGUF loads run (int_avx2_g32.h), 8 rows
+OURS = {
+    "Q4_0": "IntAvx2G32<true, Codes::kQword, 1, 2, kG32Zc>",
+    "Q8_0": "IntAvx2G32<false, Codes::kPlain, 1, 2, 0>",
+    "Q4_K": "IntAvx2G32<true, Codes::kQword, 1, 2, kG32Mins>",
+    "IQ4_XS": "IntAvx2G32<true, Codes::kQwordSigned, 1, 2, 0>",
+}
+IK_SHA256 = "7fd4ead67548206a"  # first 16 hex digits of the wheel's libggml-0b5e5db1.so
+# type -> (loop start, share of ik's perf samples at M = 512); the loop ends at the backward jump to its start
+IK_LOOPS = {
+    "Q4_0": [(0x17AF960, "")],
+    "Q8_0": [(0x17C0777, "38%"), (0x17A94D9, "28%")],
+    "Q4_K": [(0x1626A60, "30%"), (0x161BE10, "23%")],
+    "IQ4_XS": [(0x1630978, "39%"), (0x1625540, "28%")],
+}
+
+
+def find_mca(given: Optional[str]) -> str:
+    for name in ([given] if given else []) + [f"llvm-mca-{v}" for v in range(22, 15, -1)]:
+        if name and shutil.which(name):
+            return name
+    sys.exit("no llvm-mca 16 or later found (apt-get install llvm-19), or pass --mca")
+
+
+def cycles_per_256(mca: str, cpu: str, asm: str, iterations: int) -> float:
+    with tempfile.NamedTemporaryFile("w", suffix=".s", delete=False) as f:
+        f.write(asm)
+    try:
+        out = subprocess.run([mca, f"-mcpu={cpu}", f"-iterations={iterations}", f.name], capture_output=True,
+                             text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    total = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1))
+    return total / iterations / (asm.count("vpmaddubsw") / 8)
+
+
+def innermost_loop(body: List[Tuple[int, str]], min_maddubs: int) -> List[str]:
+    """The shortest [target, jump) of a backward jump holding >= min_maddubs vpmaddubsw, jumps left out."""
+    labels = {lab: i for i, (lab, _) in enumerate(body) if lab is not None}
+    best = None
+    for j, (_, t) in enumerate(body):
+        m = re.match(r"\s*j\w+\s+(\.L\d+)", t)
+        if m and m.group(1) in labels and labels[m.group(1)] < j:
+            i = labels[m.group(1)]
+            if sum("vpmaddubsw" in x for _, x in body[i:j]) >= min_maddubs and (best is None or j - i < best[1] - best[0]):
+                best = (i, j)
+    if best is None:
+        raise RuntimeError("no loop with enough vpmaddubsw")
+    return [t.strip() for lab, t in body[best[0]:best[1]] if lab is None and not re.match(r"\s*j\w+", t)]
+
+
+def ours_loops(cxx: str) -> Dict[str, List[str]]:
+    src = ("#define MOE_ISA avx2\n#include \"kernels/int_avx2.h\"\n#include \"kernels/int_avx2_g32.h\"\nMOE_ISA_BEGIN\n"
+           + "".join(f"template struct {t}::Micro<8, 1>;\n" for t in OURS.values()) + "MOE_ISA_END\n")
+    with tempfile.TemporaryDirectory() as d:
+        cpp, s = os.path.join(d, "tiles.cpp"), os.path.join(d, "tiles.s")
+        open(cpp, "w").write(src)
+        subprocess.run([cxx, "-std=c++17", "-O3", "-DNDEBUG", "-S", "-I", os.path.join(ROOT, "cpp/src"), "-I",
+                        os.path.join(ROOT, "cpp/include"), cpp, "-o", s], check=True)
+        text = open(s).read()
+    funcs: Dict[str, List[Tuple[Optional[str], str]]] = {}
+    cur = None
+    for line in text.split("\n"):
+        m = re.match(r"^(_Z\S+):$", line)
+        if m:
+            cur = m.group(1)
+            funcs[cur] = []
+            continue
+        if cur is None or not line.strip() or re.match(r"^\s+\.", line):
+            continue
+        lab = re.match(r"^(\.L\d+):", line)
+        funcs[cur].append((lab.group(1), "") if lab else (None, line))
+    out = {}
+    for typ, inst in OURS.items():
+        # the mangled name of IntAvx2G32<kInt4, C, kBlk, P, kF>::Micro<8, 1>::run: match on the demangled one
+        for name, body in funcs.items():
+            dem = subprocess.run(["c++filt", name], capture_output=True, text=True).stdout.strip()
+            if "Micro<8, 1>::run" in dem and dem_matches(dem, inst):
+                out[typ] = innermost_loop(body, 64)
+                break
+        else:
+            raise RuntimeError(f"no compiled tile for {typ} ({inst})")
+    return out
+
+
+def dem_matches(dem: str, inst: str) -> bool:
+    """Whether c++filt's IntAvx2G32<true, (...Codes)3, 1, 2, 1> is the instantiation inst names."""
+    codes = {"kPlain": 0, "kTable": 1, "kSigned": 2, "kQword": 3, "kQwordSigned": 4}
+    kf = {"0": 0, "kG32Zc": 1, "kG32Mins": 2}
+    a = re.match(r"IntAvx2G32<(\w+), Codes::(\w+), (\d), (\d), (\w+)>", inst).groups()
+    want = f"IntAvx2G32<{a[0]}, (moe_cpu::kernels::avx2::Codes){codes[a[1]]}, {a[2]}, {a[3]}, {kf[a[4]]}>"
+    return want in dem
+
+
+def ik_loops(lib: str) -> Dict[str, List[Tuple[str, List[str]]]]:
+    digest = hashlib.sha256(open(lib, "rb").read()).hexdigest()[:16]
+    if digest != IK_SHA256:
+        sys.exit(f"{lib}: sha256 {digest}..., not the ik-llama-cpp-python==0.1.5 libggml whose loops IK_LOOPS lists")
+    out: Dict[str, List[Tuple[str, List[str]]]] = {}
+    for typ, loops in IK_LOOPS.items():
+        for start, share in loops:
+            dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f"--start-address={start}",
+                                  f"--stop-address={start + 4096}", lib], capture_output=True, text=True, check=True).stdout
+            body = []
+            for line in dis.split("\n"):
+                m = re.match(r"^\s*([0-9a-f]+):\s+(.+)$", line)
+                if not m:
+                    continue
+                t = m.group(2).split("#")[0].strip()
+                j = re.match(r"j\w+\s+([0-9a-f]+)", t)
+                if j and int(j.group(1), 16) == start:
+                    break
+                if not t.startswith("j"):
+                    body.append(re.sub(r"<[^>]*>", "", t))
+            else:
+                raise RuntimeError(f"no backward jump to {start:#x}")
+            out.setdefault(typ, []).append((f"{start:#x} {share}".strip(), body))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ik-lib", help="the ik wheel's libggml-0b5e5db1.so (its hot loops side by side)")
+    ap.add_argument("--mca", help="llvm-mca binary (default: the newest llvm-mca-NN, 16 or later)")
+    ap.add_argument("--cpus", default="sapphirerapids,znver3", help="llvm-mca -mcpu models")
+    ap.add_argument("--cxx", default="g++")
+    ap.add_argument("--iterations", type=int, default=300)
+    args = ap.parse_args()
+    mca, cpus = find_mca(args.mca), args.cpus.split(",")
+    ver = re.search(r"version (\S+)", subprocess.run([mca, "--version"], capture_output=True, text=True).stdout)
+    print(f"{mca} ({ver.group(1) if ver else '?'}), "
+          f"cycles per 256 products (a row, 32 channels, 8 columns), {args.iterations} iterations")
+    ours = ours_loops(args.cxx)
+    ik = ik_loops(args.ik_lib) if args.ik_lib else {}
+    print(f"{'type':7} {'loop':26} " + " ".join(f"{c:>15}" for c in cpus) + " insns")
+    for typ, asm in ours.items():
+        rows = [("moe_cpu Micro<8, 1>", asm)] + [(f"ik {name}", body) for name, body in ik.get(typ, [])]
+        for name, body in rows:
+            text = "\n".join(body) + "\n"
+            print(f"{typ:7} {name:26} " + " ".join(f"{cycles_per_256(mca, c, text, args.iterations):15.2f}" for c in cpus)
+                  + f" {len(body)}")
+
+
+if __name__ == "__main__":
+    main()

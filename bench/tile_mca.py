@@ -48,8 +48,12 @@ IK_LOOPS = {
 
 
 def find_mca(given: Optional[str]) -> str:
-    for name in ([given] if given else []) + [f"llvm-mca-{v}" for v in range(22, 15, -1)]:
-        if name and shutil.which(name):
+    if given:
+        if not shutil.which(given):
+            sys.exit(f"--mca {given!r}: not found")
+        return given
+    for name in [f"llvm-mca-{v}" for v in range(22, 15, -1)]:
+        if shutil.which(name):
             return name
     sys.exit("no llvm-mca 16 or later found (apt-get install llvm-19), or pass --mca")
 
@@ -58,10 +62,12 @@ def cycles_per_256(mca: str, cpu: str, asm: str, iterations: int) -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".s", delete=False) as f:
         f.write(asm)
     try:
-        out = subprocess.run([mca, f"-mcpu={cpu}", f"-iterations={iterations}", f.name], capture_output=True,
-                             text=True, check=True).stdout
+        r = subprocess.run([mca, f"-mcpu={cpu}", f"-iterations={iterations}", f.name], capture_output=True, text=True)
     finally:
         os.unlink(f.name)
+    if r.returncode != 0 or "Total Cycles" not in r.stdout or "is not a recognized processor" in r.stderr:
+        sys.exit(f"{mca} -mcpu={cpu}: {r.stderr.strip().splitlines()[0] if r.stderr.strip() else 'failed'}")
+    out = r.stdout
     total = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1))
     return total / iterations / (asm.count("vpmaddubsw") / 8)
 
@@ -124,10 +130,15 @@ def dem_matches(dem: str, inst: str) -> bool:
     return want in dem
 
 
-def ik_loops(lib: str) -> Dict[str, List[Tuple[str, List[str]]]]:
+def check_ik_lib(lib: str) -> None:
+    if not os.path.isfile(lib):
+        sys.exit(f"--ik-lib {lib!r}: not a file")
     digest = hashlib.sha256(open(lib, "rb").read()).hexdigest()[:16]
     if digest != IK_SHA256:
         sys.exit(f"{lib}: sha256 {digest}..., not the ik-llama-cpp-python==0.1.5 libggml whose loops IK_LOOPS lists")
+
+
+def ik_loops(lib: str) -> Dict[str, List[Tuple[str, List[str]]]]:
     out: Dict[str, List[Tuple[str, List[str]]]] = {}
     for typ, loops in IK_LOOPS.items():
         for start, share in loops:
@@ -159,6 +170,8 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=300)
     args = ap.parse_args()
     mca, cpus = find_mca(args.mca), args.cpus.split(",")
+    if args.ik_lib:
+        check_ik_lib(args.ik_lib)
     ver = re.search(r"version (\S+)", subprocess.run([mca, "--version"], capture_output=True, text=True).stdout)
     print(f"{mca} ({ver.group(1) if ver else '?'}), "
           f"cycles per 256 products (a row, 32 channels, 8 columns), {args.iterations} iterations")

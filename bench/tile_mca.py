@@ -8,6 +8,8 @@ hosts) and Zen 3 models (the AVX2-only host of issue 40).
 - moe_cpu: kernels/int_avx2_g32.h's row tiles, 8 rows, compiled here as the library compiles them (-O3, the avx2
   ISA region); the group loop is the smallest backward-jump loop with 64 vpmaddubsw. The loop holds every path
   of its run-time branches (scale forms, mins), so a tile with branches counts a little high.
+- study: bench/g32_run256_study.cpp, a Q4_K tile against 256-blocks with the integer scales inside vpmaddwd (a
+  design, not library code), its group loop the same way (the per-run epilogue outside it is left out).
 - ik (``--ik-lib``): loops of the ik-llama-cpp-python==0.1.5 wheel's libggml, found by perf (cpu-clock) as
   ik's hottest at M = 512 with rtr=1, fmoe=1 on bench/ik_peer.py's files, by start address (listed in IK_LOOPS;
   another build has other addresses, and the script refuses a library whose bytes differ).
@@ -87,15 +89,8 @@ def innermost_loop(body: List[Tuple[int, str]], min_maddubs: int) -> List[str]:
     return [t.strip() for lab, t in body[best[0]:best[1]] if lab is None and not re.match(r"\s*j\w+", t)]
 
 
-def ours_loops(cxx: str) -> Dict[str, List[str]]:
-    src = ("#define MOE_ISA avx2\n#include \"kernels/int_avx2.h\"\n#include \"kernels/int_avx2_g32.h\"\nMOE_ISA_BEGIN\n"
-           + "".join(f"template struct {t}::Micro<8, 1>;\n" for t in OURS.values()) + "MOE_ISA_END\n")
-    with tempfile.TemporaryDirectory() as d:
-        cpp, s = os.path.join(d, "tiles.cpp"), os.path.join(d, "tiles.s")
-        open(cpp, "w").write(src)
-        subprocess.run([cxx, "-std=c++17", "-O3", "-DNDEBUG", "-S", "-I", os.path.join(ROOT, "cpp/src"), "-I",
-                        os.path.join(ROOT, "cpp/include"), cpp, "-o", s], check=True)
-        text = open(s).read()
+def parse_functions(text: str) -> Dict[str, List[Tuple[Optional[str], str]]]:
+    """Each mangled function of a .s file: its lines, labels as (label, "") and instructions as (None, line)."""
     funcs: Dict[str, List[Tuple[Optional[str], str]]] = {}
     cur = None
     for line in text.split("\n"):
@@ -108,6 +103,28 @@ def ours_loops(cxx: str) -> Dict[str, List[str]]:
             continue
         lab = re.match(r"^(\.L\d+):", line)
         funcs[cur].append((lab.group(1), "") if lab else (None, line))
+    return funcs
+
+
+def study_loop(cxx: str) -> List[str]:
+    with tempfile.TemporaryDirectory() as d:
+        s = os.path.join(d, "study.s")
+        subprocess.run([cxx, "-std=c++17", "-O3", "-DNDEBUG", "-S", os.path.join(ROOT, "bench/g32_run256_study.cpp"),
+                        "-o", s], check=True)
+        funcs = parse_functions(open(s).read())
+    name = next(n for n in funcs if "g32_run256_tile" in n)
+    return innermost_loop(funcs[name], 64)
+
+
+def ours_loops(cxx: str) -> Dict[str, List[str]]:
+    src = ("#define MOE_ISA avx2\n#include \"kernels/int_avx2.h\"\n#include \"kernels/int_avx2_g32.h\"\nMOE_ISA_BEGIN\n"
+           + "".join(f"template struct {t}::Micro<8, 1>;\n" for t in OURS.values()) + "MOE_ISA_END\n")
+    with tempfile.TemporaryDirectory() as d:
+        cpp, s = os.path.join(d, "tiles.cpp"), os.path.join(d, "tiles.s")
+        open(cpp, "w").write(src)
+        subprocess.run([cxx, "-std=c++17", "-O3", "-DNDEBUG", "-S", "-I", os.path.join(ROOT, "cpp/src"), "-I",
+                        os.path.join(ROOT, "cpp/include"), cpp, "-o", s], check=True)
+        funcs = parse_functions(open(s).read())
     out = {}
     for typ, inst in OURS.items():
         # the mangled name of IntAvx2G32<kInt4, C, kBlk, P, kF>::Micro<8, 1>::run: match on the demangled one
@@ -180,6 +197,8 @@ def main() -> None:
     print(f"{'type':7} {'loop':26} " + " ".join(f"{c:>15}" for c in cpus) + " insns")
     for typ, asm in ours.items():
         rows = [("moe_cpu Micro<8, 1>", asm)] + [(f"ik {name}", body) for name, body in ik.get(typ, [])]
+        if typ == "Q4_K":
+            rows.append(("study: 256-blocks", study_loop(args.cxx)))
         for name, body in rows:
             text = "\n".join(body) + "\n"
             print(f"{typ:7} {name:26} " + " ".join(f"{cycles_per_256(mca, c, text, args.iterations):15.2f}" for c in cpus)

@@ -32,12 +32,14 @@ import tempfile
 from typing import Dict, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# type -> the tile instantiation GGUF loads run (int_avx2_g32.h), 8 rows
+CODES = {"kPlain": 0, "kTable": 1, "kSigned": 2, "kQword": 3, "kQwordSigned": 4}  # kernels/int_avx2.h's Codes
+TERMS = {"0": 0, "kG32Zc": 1, "kG32Mins": 2}  # int_avx2_g32.h's kF
+# type -> the IntAvx2G32<kInt4, C, kBlk, P, kF> row tile GGUF loads run (int_avx2_g32.h), 8 rows
 OURS = {
-    "Q4_0": "IntAvx2G32<true, Codes::kQword, 1, 2, kG32Zc>",
-    "Q8_0": "IntAvx2G32<false, Codes::kPlain, 1, 2, 0>",
-    "Q4_K": "IntAvx2G32<true, Codes::kQword, 1, 2, kG32Mins>",
-    "IQ4_XS": "IntAvx2G32<true, Codes::kQwordSigned, 1, 2, 0>",
+    "Q4_0": ("true", "kQword", 1, 2, "kG32Zc"),
+    "Q8_0": ("false", "kPlain", 1, 2, "0"),
+    "Q4_K": ("true", "kQword", 1, 2, "kG32Mins"),
+    "IQ4_XS": ("true", "kQwordSigned", 1, 2, "0"),
 }
 IK_SHA256 = "7fd4ead67548206a"  # first 16 hex digits of the wheel's libggml-0b5e5db1.so
 # type -> (loop start, share of ik's perf samples at M = 512); the loop ends at the backward jump to its start
@@ -69,12 +71,11 @@ def cycles_per_256(mca: str, cpu: str, asm: str, iterations: int) -> float:
         os.unlink(f.name)
     if r.returncode != 0 or "Total Cycles" not in r.stdout or "is not a recognized processor" in r.stderr:
         sys.exit(f"{mca} -mcpu={cpu}: {r.stderr.strip().splitlines()[0] if r.stderr.strip() else 'failed'}")
-    out = r.stdout
-    total = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1))
+    total = int(re.search(r"Total Cycles:\s+(\d+)", r.stdout).group(1))
     return total / iterations / (asm.count("vpmaddubsw") / 8)
 
 
-def innermost_loop(body: List[Tuple[int, str]], min_maddubs: int) -> List[str]:
+def innermost_loop(body: List[Tuple[Optional[str], str]], min_maddubs: int) -> List[str]:
     """The shortest [target, jump) of a backward jump holding >= min_maddubs vpmaddubsw, jumps left out."""
     labels = {lab: i for i, (lab, _) in enumerate(body) if lab is not None}
     best = None
@@ -106,45 +107,42 @@ def parse_functions(text: str) -> Dict[str, List[Tuple[Optional[str], str]]]:
     return funcs
 
 
-def study_loop(cxx: str) -> List[str]:
+def compile_functions(cxx: str, cpp: str) -> Dict[str, List[Tuple[Optional[str], str]]]:
+    """cpp compiled to assembly as the library compiles its kernels (-O3, cpp/src on the include path)."""
     with tempfile.TemporaryDirectory() as d:
-        s = os.path.join(d, "study.s")
-        subprocess.run([cxx, "-std=c++17", "-O3", "-DNDEBUG", "-S", os.path.join(ROOT, "bench/g32_run256_study.cpp"),
-                        "-o", s], check=True)
-        funcs = parse_functions(open(s).read())
-    name = next(n for n in funcs if "g32_run256_tile" in n)
-    return innermost_loop(funcs[name], 64)
+        s = os.path.join(d, "out.s")
+        subprocess.run([cxx, "-std=c++17", "-O3", "-DNDEBUG", "-S", "-I", os.path.join(ROOT, "cpp/src"), "-I",
+                        os.path.join(ROOT, "cpp/include"), cpp, "-o", s], check=True)
+        return parse_functions(open(s).read())
+
+
+def study_loop(cxx: str) -> List[str]:
+    funcs = compile_functions(cxx, os.path.join(ROOT, "bench/g32_run256_study.cpp"))
+    return innermost_loop(next(body for name, body in funcs.items() if "g32_run256_tile" in name), 64)
 
 
 def ours_loops(cxx: str) -> Dict[str, List[str]]:
+    def cxx_name(t):
+        return f"IntAvx2G32<{t[0]}, Codes::{t[1]}, {t[2]}, {t[3]}, {t[4]}>"
+
     src = ("#define MOE_ISA avx2\n#include \"kernels/int_avx2.h\"\n#include \"kernels/int_avx2_g32.h\"\nMOE_ISA_BEGIN\n"
-           + "".join(f"template struct {t}::Micro<8, 1>;\n" for t in OURS.values()) + "MOE_ISA_END\n")
+           + "".join(f"template struct {cxx_name(t)}::Micro<8, 1>;\n" for t in OURS.values()) + "MOE_ISA_END\n")
     with tempfile.TemporaryDirectory() as d:
-        cpp, s = os.path.join(d, "tiles.cpp"), os.path.join(d, "tiles.s")
+        cpp = os.path.join(d, "tiles.cpp")
         open(cpp, "w").write(src)
-        subprocess.run([cxx, "-std=c++17", "-O3", "-DNDEBUG", "-S", "-I", os.path.join(ROOT, "cpp/src"), "-I",
-                        os.path.join(ROOT, "cpp/include"), cpp, "-o", s], check=True)
-        funcs = parse_functions(open(s).read())
+        funcs = compile_functions(cxx, cpp)
+    names = list(funcs)
+    demangled = dict(zip(names, subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                                               check=True).stdout.split("\n")))
     out = {}
-    for typ, inst in OURS.items():
-        # the mangled name of IntAvx2G32<kInt4, C, kBlk, P, kF>::Micro<8, 1>::run: match on the demangled one
-        for name, body in funcs.items():
-            dem = subprocess.run(["c++filt", name], capture_output=True, text=True).stdout.strip()
-            if "Micro<8, 1>::run" in dem and dem_matches(dem, inst):
-                out[typ] = innermost_loop(body, 64)
-                break
-        else:
-            raise RuntimeError(f"no compiled tile for {typ} ({inst})")
+    for typ, t in OURS.items():
+        # c++filt writes IntAvx2G32<true, (moe_cpu::kernels::avx2::Codes)3, 1, 2, 1>::Micro<8, 1>::run
+        want = f"IntAvx2G32<{t[0]}, (moe_cpu::kernels::avx2::Codes){CODES[t[1]]}, {t[2]}, {t[3]}, {TERMS[t[4]]}>::Micro<8, 1>::run"
+        name = next((n for n in names if want in demangled[n]), None)
+        if name is None:
+            raise RuntimeError(f"no compiled tile for {typ} ({cxx_name(t)})")
+        out[typ] = innermost_loop(funcs[name], 64)
     return out
-
-
-def dem_matches(dem: str, inst: str) -> bool:
-    """Whether c++filt's IntAvx2G32<true, (...Codes)3, 1, 2, 1> is the instantiation inst names."""
-    codes = {"kPlain": 0, "kTable": 1, "kSigned": 2, "kQword": 3, "kQwordSigned": 4}
-    kf = {"0": 0, "kG32Zc": 1, "kG32Mins": 2}
-    a = re.match(r"IntAvx2G32<(\w+), Codes::(\w+), (\d), (\d), (\w+)>", inst).groups()
-    want = f"IntAvx2G32<{a[0]}, (moe_cpu::kernels::avx2::Codes){codes[a[1]]}, {a[2]}, {a[3]}, {kf[a[4]]}>"
-    return want in dem
 
 
 def check_ik_lib(lib: str) -> None:

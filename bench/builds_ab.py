@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Two builds of moe_cpu (or one build under two environments), paired on this shared host: old / new time.
+"""Time of fused_experts in one build of moe_cpu against another (or one build under two environments), paired.
 
 What it runs
     Two worker processes, one per build (``--old`` / ``--new``: directories that hold a ``moe_cpu`` package, e.g.
     copies of site-packages/moe_cpu), each holding the same MoE block: a GGUF file of bench/ik_peer.py's cache
     (Q4_0, Q8_0, Q4_K, IQ4_XS, Q5_K, Q6_K: the Qwen3-30B-A3B block) or a random block of a scheme
-    (int4_w4a8 = g128, int8_w8a8 per channel, ...: moe_cpu.bench.random_forms). ``fused_experts`` on a routing
+    (int4_w4a8 = g128, int8_w8a8 per channel, ...: moe_cpu.bench.random_forms; ``--experts`` of them, 128 by
+    default). ``fused_experts`` on a routing
     pool where an expert comes back every 16 calls (cold decode; ``--hot``: the same experts every call, in cache
     where they fit, to time the kernels' compute). The workers take turns, a batch of calls each
     (the order flips every round), so both see the same phase of the host's memory bandwidth, which on these VMs
@@ -20,6 +21,7 @@ Usage
     ... rebuild, copy the new one to /tmp/new/ ...
     python bench/builds_ab.py --old /tmp/old --new /tmp/new --cases Q4_0,Q4_K,int4_w4a8 --isa avx2
     python bench/builds_ab.py --old /tmp/b --new /tmp/b --new-env MOE_CPU_TEAM=omp     # one build, two settings
+    python bench/builds_ab.py --old $SITE --new $SITE --cases int8_w8a8 --experts 8 --rounds 1   # a quick check
 """
 from __future__ import annotations
 
@@ -29,21 +31,26 @@ import statistics
 import subprocess
 import sys
 
+# the random blocks a worker can build (moe_cpu.bench.random_forms: the schemes and the GGUF-like forms)
+RANDOM = ("int4_w4a8", "int8_w8a8", "fp8_w8a16", "bf16", "int4_w4a16", "int8_w8a16",
+          "int4_g32", "q4_k", "iq4_xs", "mxfp4", "q6_k", "q5_k")
+
 WORKER = r'''
-import os, sys, time
+import sys, time
 import numpy as np
 import moe_cpu
 from moe_cpu.bench.timing import routing_pool
-case, M, threads, work, hot = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "hot"
+case, M, threads, hot, E = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "hot", int(sys.argv[5])
 rng = np.random.default_rng(0)
-if case.startswith(("int", "bf16", "fp8")):
+if not case.endswith(".gguf"):
     from moe_cpu.bench.random_forms import random_block
-    w13, w2 = random_block(rng, case, 2048, 768, 128)
+    w13, w2 = random_block(rng, case, 2048, 768, E)
 else:
-    layer = moe_cpu.MoELayer.from_pretrained(os.path.join(work, f"q_H2048_E128_I768_k8_s0_f16_{case}.gguf"), layer_idx=0)
+    layer = moe_cpu.MoELayer.from_pretrained(case, layer_idx=0)
     w13, w2 = layer.w13, layer.w2
+    E = w13.num_experts
 x = rng.standard_normal((M, 2048)).astype(np.float32)
-pool = routing_pool(rng, 128, 8, M)
+pool = routing_pool(rng, E, 8, M)
 if hot:
     pool = pool[:1]   # the same experts every call: L3-resident where they fit (compute-bound decode)
 moe_cpu.set_num_threads(threads)
@@ -68,10 +75,15 @@ def env_pairs(text: str) -> dict:
     out = {}
     for kv in filter(None, text.split(",")):
         if "=" not in kv:
-            raise SystemExit(f"--old-env / --new-env take NAME=VALUE[,NAME=VALUE]: got {kv!r}")
+            raise ValueError(f"--old-env / --new-env take NAME=VALUE[,NAME=VALUE]: got {kv!r}")
         k, v = kv.split("=", 1)
         out[k] = v
     return out
+
+
+def gguf_file(work_dir: str, typ: str) -> str:
+    """bench/ik_peer.py's cached file of the Qwen3-30B-A3B block quantized to typ."""
+    return os.path.join(work_dir, f"q_H2048_E128_I768_k8_s0_f16_{typ}.gguf")
 
 
 def quartiles(v):
@@ -80,7 +92,7 @@ def quartiles(v):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", required=True, help="directory holding the old build's moe_cpu package")
     ap.add_argument("--new", required=True, help="directory holding the new build's moe_cpu package")
     ap.add_argument("--cases", default="Q4_0,Q8_0,Q4_K,IQ4_XS,Q5_K,Q6_K",
@@ -94,23 +106,39 @@ def main(argv=None) -> int:
     ap.add_argument("--hot", action="store_true",
                     help="route every call to the same experts (cache-resident where they fit) instead of a cold pool")
     ap.add_argument("--work-dir", default="/tmp/ik_peer_models", help="bench/ik_peer.py's GGUF cache")
+    ap.add_argument("--experts", type=int, default=128,
+                    help="experts of the random blocks (default 128, as the GGUF files; at least top-k 8)")
     a = ap.parse_args(argv)
     if a.m < 1 or a.rounds < 1 or a.threads < 1:
         ap.error("--m, --rounds and --threads must be >= 1")
+    if a.experts < 8:
+        ap.error(f"--experts {a.experts} must be >= the top-k of 8")
     for d in (a.old, a.new):
         if not os.path.isfile(os.path.join(d, "moe_cpu", "__init__.py")):
             ap.error(f"{d} holds no moe_cpu package")
-    extra = {"old": env_pairs(a.old_env), "new": env_pairs(a.new_env)}
+    try:
+        extra = {"old": env_pairs(a.old_env), "new": env_pairs(a.new_env)}
+    except ValueError as e:
+        ap.error(str(e))
+    cases = {}   # case -> what the workers load: a scheme / form name, or a GGUF file
+    for case in a.cases.split(","):
+        if case in RANDOM:
+            cases[case] = case
+        elif os.path.isfile(gguf_file(a.work_dir, case)):
+            cases[case] = gguf_file(a.work_dir, case)
+        else:
+            ap.error(f"--cases {case}: neither a scheme / form ({', '.join(RANDOM)}) nor a GGUF type with a file in "
+                     f"{a.work_dir} (bench/ik_peer.py --prepare-only --types {case} writes it)")
     print(f"# old {a.old} {a.old_env}  new {a.new} {a.new_env}  M {a.m}, {a.threads} threads, "
           f"isa {a.isa or 'native'}, {a.rounds} rounds{', hot' if a.hot else ''}", flush=True)
-    for case in a.cases.split(","):
+    for case, what in cases.items():
         procs = {}
         for v, path in (("old", a.old), ("new", a.new)):
             env = dict(os.environ, PYTHONPATH=path, **extra[v])
             if a.isa:
                 env["MOE_CPU_ISA"] = a.isa
-            procs[v] = subprocess.Popen([sys.executable, "-c", WORKER, case, str(a.m), str(a.threads), a.work_dir,
-                                         "hot" if a.hot else "cold"],
+            procs[v] = subprocess.Popen([sys.executable, "-c", WORKER, what, str(a.m), str(a.threads),
+                                         "hot" if a.hot else "cold", str(a.experts)],
                                         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
         try:
             for v, p in procs.items():

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""moe_cpu beside busy neighbours: per-call latency of decode and prefill while N busy-loop processes run.
+"""Per-call latency of moe_cpu beside N busy neighbour processes, against its quiet latency (and ik_llama.cpp's).
 
 What it runs
-    The Qwen3-30B-A3B MoE block (H 2048, 128 experts, FFN 768, top-8) in int4_w4a8 with groups of 128 (random
-    codes: values do not change the speed), ``moe_cpu.fused_experts`` on fresh routing each call (decode walks a
-    permutation so that an expert comes back only every 16 calls, as bench_moe does), ``--threads`` threads.
+    The Qwen3-30B-A3B MoE block (H 2048, 128 experts or ``--experts``, FFN 768, top-8) in int4_w4a8 with groups of
+    128 (random codes: values do not change the speed), ``moe_cpu.fused_experts`` on fresh routing each call (decode
+    walks a permutation so that an expert comes back only every 16 calls, as bench_moe does), ``--threads`` threads.
     For each M in ``--m``: a quiet run, then one run per count in ``--neighbours``: that many processes that each
     spin a Python busy loop (started before the run, stopped after it), so the team shares the CPUs with them
     as with a GPU driver thread, a front end or other guests. Every call is timed on its own.
@@ -22,6 +22,7 @@ What it prints
 Usage
     python bench/contention.py                                   # M = 1, 128; 0 (quiet), 1, 2 neighbours
     python bench/contention.py --m 1 --neighbours 2 --calls 400
+    python bench/contention.py --m 1 --neighbours 0 --calls 3 --experts 8       # a quick check
     MOE_CPU_TEAM=omp python bench/contention.py                  # the same on OpenMP's team, to compare
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ from moe_cpu.bench.random_forms import random_block
 from moe_cpu.bench.timing import routing_pool
 
 H, I, E, K = 2048, 768, 128, 8
+IK_DIR = "/tmp/ikpeer"   # bench/ik_peer.py's default --ik-dir
 
 
 def _work(n: int) -> None:  # n empty loop iterations: CPU only, no memory traffic
@@ -94,9 +96,9 @@ def time_calls(fn, calls: int, warmup: int = 20) -> List[float]:
     return out
 
 
-def moe_cpu_case(M: int, w13, w2, rng):
+def moe_cpu_case(M: int, w13, w2, rng, experts: int):
     x = rng.standard_normal((M, H)).astype(np.float32)
-    pool = routing_pool(rng, E, K, M)
+    pool = routing_pool(rng, experts, K, M)
     state = {"i": 0}
 
     def call():
@@ -121,14 +123,10 @@ def spin_case(target_ms: float):
 
 
 def ik_case(M: int, threads: int):
-    """ik_llama.cpp's whole-model decode of M tokens on bench/ik_peer.py's one-layer Q4_0 model, or None."""
+    """ik_llama.cpp's whole-model decode of M tokens on bench/ik_peer.py's one-layer Q4_0 model."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import ik_peer  # noqa: E402  (bench-only peer; never imported by the package)
-    ik_dir = "/tmp/ikpeer"
-    if not os.path.isdir(os.path.join(ik_dir, "ik_llama_cpp")):
-        print(f"# ik_llama.cpp: no wheel in {ik_dir} (pip install --no-deps --target {ik_dir} "
-              f"ik-llama-cpp-python==0.1.5); skipped")
-        return None
+    ik_dir = IK_DIR
     sys.path.insert(0, ik_dir)
     ik = ik_peer.Ik(ik_dir, threads, verbose=False)
     sh = ik_peer.REAL
@@ -148,7 +146,7 @@ def ik_case(M: int, threads: int):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", default="1,128", help="token counts (default 1,128)")
     ap.add_argument("--neighbours", default="1,2", help="busy-loop process counts to run beside (default 1,2)")
     ap.add_argument("--threads", type=int, default=2, help="moe_cpu threads (default 2)")
@@ -156,6 +154,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ik", action="store_true", help="also time ik_llama.cpp's wheel under the same neighbours")
     ap.add_argument("--spin-ref", action="store_true",
                     help="also time one thread of fixed work as long as moe_cpu's quiet p50 (the scheduler's bound)")
+    ap.add_argument("--experts", type=int, default=E, help=f"experts in the block (default {E}; at least top-k {K})")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     try:
@@ -169,14 +168,22 @@ def main(argv=None) -> int:
         ap.error(f"--m {args.m}: token counts must be >= 1")
     if args.calls < 0:
         ap.error("--calls must be >= 0")
-    moe_cpu.set_num_threads(args.threads)  # ValueError (named) outside [1, cores]
+    if args.experts < K:
+        ap.error(f"--experts {args.experts} must be >= the top-k of {K}")
+    if args.ik and not os.path.isdir(os.path.join(IK_DIR, "ik_llama_cpp")):
+        ap.error(f"--ik: no ik_llama.cpp wheel in {IK_DIR} (pip install --no-deps --target {IK_DIR} "
+                 f"ik-llama-cpp-python==0.1.5)")
+    try:
+        moe_cpu.set_num_threads(args.threads)
+    except ValueError as e:   # named: outside [1, cores]
+        ap.error(str(e))
     rng = np.random.default_rng(args.seed)
-    w13, w2 = random_block(rng, "int4_w4a8", H, I, E)
+    w13, w2 = random_block(rng, "int4_w4a8", H, I, args.experts)
     print(f"# host: {os.cpu_count()} CPUs, load average {', '.join(f'{v:.1f}' for v in os.getloadavg())}; "
           f"moe_cpu threads {args.threads}, kernel {w13.kernel}, team {moe_cpu.compute_team()}")
     print(f"# {'engine':8} {'M':>5} {'neigh':>5} | {'p10 ms':>8} {'p50 ms':>8} {'p90 ms':>8} | p50/quiet p90/quiet")
     quiet_moe: Dict[int, float] = {}
-    engines = [("moe_cpu", lambda M: moe_cpu_case(M, w13, w2, rng))]
+    engines = [("moe_cpu", lambda M: moe_cpu_case(M, w13, w2, rng, args.experts))]
     if args.spin_ref:
         engines.append(("spin-1t", lambda M: spin_case(quiet_moe[M])))
     if args.ik:
@@ -184,8 +191,6 @@ def main(argv=None) -> int:
     for name, make in engines:
         for M in Ms:
             fn = make(M)
-            if fn is None:
-                continue
             calls = args.calls or (300 if M == 1 else 40)
             quiet = None
             for n in [0] + [c for c in counts if c != 0]:

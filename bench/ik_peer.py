@@ -87,6 +87,9 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 IK_PACKAGE = "ik-llama-cpp-python==0.1.5"
+# the GGUF types moe_cpu's loader reads (moe_cpu/loaders/gguf_loader.py's _QUANT and _FLOAT; a test keeps them equal)
+TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4",
+         "BF16", "F16", "F32")
 DEFAULT_TYPES = "Q4_0,Q8_0,Q4_K,IQ4_XS,Q5_K,Q6_K"
 DEFAULT_CONFIGS = "rtr=0,fmoe=1;rtr=1,fmoe=1;rtr=0,fmoe=0;rtr=1,fmoe=0"
 IN_NAME = "ffn_inp_normed-0"                            # the MoE block's input (after ffn_norm)
@@ -255,15 +258,15 @@ def quantize(qbin: str, base: str, out: str, typ: str, threads: int, log: List[s
 
 
 # ------------------------------------------------------------------------------------------------ ik peer
-def ensure_ik(ik_dir: str, install: bool) -> None:
+def ensure_ik(ik_dir: str, install: bool) -> bool:
+    """Whether the peer is in ik_dir, after pip-installing it there when asked to."""
     if os.path.exists(os.path.join(ik_dir, "ik_llama_cpp", "__init__.py")):
-        return
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", ik_dir, IK_PACKAGE]
-    print(f"ik_llama.cpp peer not found in {ik_dir}; install it with:\n    {' '.join(cmd[2:])}", flush=True)
+        return True
     if not install:
-        sys.exit(2)
-    if subprocess.run(cmd).returncode != 0 or not os.path.exists(os.path.join(ik_dir, "ik_llama_cpp")):
-        sys.exit(f"installing {IK_PACKAGE} into {ik_dir} failed; run the command above by hand")
+        return False
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", ik_dir, IK_PACKAGE]
+    print(f"ik_llama.cpp peer not found in {ik_dir}; installing it: {' '.join(cmd[2:])}", flush=True)
+    return subprocess.run(cmd).returncode == 0 and os.path.exists(os.path.join(ik_dir, "ik_llama_cpp", "__init__.py"))
 
 
 class _GgmlTensor(ctypes.Structure):
@@ -284,10 +287,13 @@ class IkConfig:
 
     @staticmethod
     def parse(s: str) -> "IkConfig":
-        kv = dict(p.split("=") for p in s.replace(" ", "").split(",") if p)
+        pairs = [p.split("=") for p in s.replace(" ", "").split(",") if p]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError(f"--ik-configs {s!r}: take NAME=VALUE pairs, e.g. rtr=1,fmoe=1")
+        kv = dict(pairs)
         bad = set(kv) - {"rtr", "fmoe", "muge"}
         if bad:
-            raise SystemExit(f"--ik-configs: unknown option(s) {sorted(bad)} (rtr, fmoe, muge)")
+            raise ValueError(f"--ik-configs: unknown option(s) {sorted(bad)} (rtr, fmoe, muge)")
         return IkConfig(**{k: v not in ("0", "false", "off") for k, v in kv.items()})
 
     def name(self) -> str:
@@ -694,10 +700,8 @@ def print_type(res: Dict[str, object]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ main
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="See the module docstring.")
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--types", default=DEFAULT_TYPES, help=f"llama-quantize types (default {DEFAULT_TYPES})")
     ap.add_argument("--m", default="1,128,512", help="batch sizes M (default 1,128,512)")
     ap.add_argument("--threads", type=int, default=2, help="threads for both (default 2)")
@@ -719,16 +723,38 @@ def main() -> None:
     ap.add_argument("--list-nodes", action="store_true",
                     help="print ik's graph nodes for the first type and M, then exit")
     ap.add_argument("--verbose", action="store_true", help="show ik's log")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     sh = SMALL if args.small else REAL
-    Ms = [int(m) for m in args.m.split(",") if m]
+    try:
+        Ms = [int(m) for m in args.m.split(",") if m]
+    except ValueError:
+        ap.error(f"--m {args.m!r}: expected comma-separated batch sizes")
+    if not Ms or any(m < 1 for m in Ms):
+        ap.error(f"--m {args.m}: batch sizes must be >= 1")
     types = [t.strip() for t in args.types.split(",") if t.strip()]
-    configs = [IkConfig.parse(s) for s in args.ik_configs.split(";") if s.strip()]
-    ensure_ik(args.ik_dir, not args.no_install)
+    bad = [t for t in types if t not in TYPES]
+    if bad or not types:
+        ap.error(f"--types: unknown {bad[0] if bad else args.types!r}; the GGUF types both engines read: "
+                 f"{', '.join(TYPES)}")
+    if args.threads < 1 or args.reps < 1 or args.warmup < 0:
+        ap.error("--threads and --reps must be >= 1, --warmup >= 0")
+    try:
+        configs = [IkConfig.parse(s) for s in args.ik_configs.split(";") if s.strip()]
+    except ValueError as e:
+        ap.error(str(e))
+    if not configs:
+        ap.error("--ik-configs: no option set")
+    if args.ik_lib and not os.path.isfile(args.ik_lib):
+        ap.error(f"--ik-lib {args.ik_lib!r} is not a file")
+    try:
+        import gguf  # noqa: F401  (writes the models, reads them back for the reference)
+    except ImportError:
+        ap.error("needs gguf-py (pip install gguf)")
+    if not ensure_ik(args.ik_dir, not args.no_install):
+        ap.error(f"no ik_llama.cpp peer in {args.ik_dir} (pip install --no-deps --target {args.ik_dir} {IK_PACKAGE}; "
+                 f"without --no-install this script runs that itself)")
     if args.ik_lib:
-        if not os.path.isfile(args.ik_lib):
-            ap.error(f"--ik-lib {args.ik_lib!r} is not a file")
         os.environ["IK_LLAMA_CPP_LIB_PATH"] = os.path.abspath(args.ik_lib)
     ik = Ik(args.ik_dir, args.threads, args.verbose)
     import moe_cpu as mc   # after the peer is set up; moe_cpu itself never sees it

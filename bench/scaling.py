@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Thread scaling of the Qwen3-30B-A3B MoE block: tokens/s, parallel efficiency and decode's share of the read
-bandwidth, at 1, 2, 4, 8, 16 threads and all cores.
+"""Thread scaling of moe_cpu's Qwen3-30B-A3B MoE block: tokens/s against 1 thread, decode against read bandwidth.
+
+At 1, 2, 4, 8, 16 threads and all cores: tokens/s, parallel efficiency and decode's share of the read bandwidth.
 
 What it runs
-    The block (H 2048, 128 experts, FFN 768, top-8) in ``--scheme`` (default int4_w4a8, groups of 128; random
-    codes), ``moe_cpu.fused_experts`` on fresh routing each call: M = 1 (decode; a permutation walk, so an expert
-    comes back only every 16 calls and its weights are read from memory) and M = 1024 (prefill), the median of
-    ``--reps`` timed calls per (threads, M). Thread counts above the host's cores are skipped and reported as
-    such (set_num_threads takes up to 1024 threads, but a team larger than the cores only measures the scheduler).
+    The block (H 2048, 128 experts or ``--experts``, FFN 768, top-8) in ``--scheme`` (default int4_w4a8, groups of
+    128; random codes), ``moe_cpu.fused_experts`` on fresh routing each call: M = 1 (decode; a permutation walk, so
+    an expert comes back only every 16 calls and its weights are read from memory) and M = 1024 (prefill), the
+    median of ``--reps`` timed calls per (threads, M). Thread counts above the host's cores are skipped and reported
+    as such (set_num_threads takes up to 1024 threads, but a team larger than the cores only measures the scheduler).
 
 What it prints, per thread count t
     tokens/s at each M; parallel efficiency = tokens/s(t) / (t * tokens/s(1)); for decode, the bytes of the
@@ -20,6 +21,7 @@ What it prints, per thread count t
 Usage
     python bench/scaling.py                       # 1, 2, 4, 8, 16 and all cores where the host has them
     python bench/scaling.py --threads 1,2 --reps 5 --out docs/bench/scaling_zen5.log
+    python bench/scaling.py --threads 1 --m 1 --reps 2 --experts 8 --bw-bytes 67108864   # a quick check
 """
 from __future__ import annotations
 
@@ -39,12 +41,14 @@ H, I, E, K = 2048, 768, 128, 8
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", default="1,2,4,8,16,all", help="thread counts; 'all' = every core (default 1,2,4,8,16,all)")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", default="1,2,4,8,16,all",
+                    help="thread counts; 'all' = every core (default 1,2,4,8,16,all)")
     ap.add_argument("--m", default="1,1024", help="token counts (default 1,1024)")
     ap.add_argument("--scheme", default="int4_w4a8", choices=moe_cpu.SCHEMES)
     ap.add_argument("--reps", type=int, default=0, help="timed calls per case (default 200 at M = 1, 5 above)")
     ap.add_argument("--bw-bytes", type=int, default=1 << 30, help="read-bandwidth buffer (default 1 GiB)")
+    ap.add_argument("--experts", type=int, default=E, help=f"experts in the block (default {E}; at least top-k {K})")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args(argv)
     cores = os.cpu_count() or 1
@@ -55,16 +59,22 @@ def main(argv=None) -> int:
         ap.error("--threads takes integers or 'all'; --m integers")
     if any(t < 1 for t in ts) or any(m < 1 for m in Ms) or args.reps < 0:
         ap.error("thread counts and token counts must be >= 1, --reps >= 0")
+    if args.experts < K:
+        ap.error(f"--experts {args.experts} must be >= the top-k of {K}")
+    if args.bw_bytes < 1 << 20:
+        ap.error("--bw-bytes must be >= 1 MiB")
+    experts = args.experts
     ts = sorted(set(ts))
     if ts[0] != 1:
         ts = [1] + ts  # efficiency is against one thread
     rng = np.random.default_rng(0)
-    w13, w2 = random_block(rng, args.scheme, H, I, E)
-    per_expert = (w13.nbytes + w2.nbytes) / E
+    w13, w2 = random_block(rng, args.scheme, H, I, experts)
+    per_expert = (w13.nbytes + w2.nbytes) / experts
     buf = _core.ReadBuffer(args.bw_bytes)
     lines = [f"# host: {cores} CPUs ({os.uname().machine}), load average "
-             f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}; {args.scheme} {w13.kernel}; team {moe_cpu.compute_team()}; "
-             f"Qwen3-30B-A3B block (H {H}, E {E}, FFN {I}, top-{K}); decode reads {K * per_expert / 2**20:.1f} MiB/call",
+             f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}; {args.scheme} {w13.kernel}; "
+             f"team {moe_cpu.compute_team()}; Qwen3-30B-A3B block (H {H}, E {experts}, FFN {I}, top-{K}); "
+             f"decode reads {K * per_expert / 2**20:.1f} MiB/call",
              f"# {'threads':>7} | " + " | ".join(f"M={M}: tok/s   eff" for M in Ms) + " | read GB/s  decode GB/s  share"]
     print("\n".join(lines), flush=True)
     base: dict = {}
@@ -78,7 +88,7 @@ def main(argv=None) -> int:
         cells, dec_gbs = [], None
         for M in Ms:
             x = rng.standard_normal((M, H)).astype(np.float32)
-            pool = routing_pool(rng, E, K, M)
+            pool = routing_pool(rng, experts, K, M)
             reps = args.reps or (200 if M == 1 else 5)
             for i in range(3):
                 moe_cpu.fused_experts(x, w13, w2, pool[i][1], pool[i][0])

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""``Stream.capture`` driven by a real ``cudaLaunchHostFunc`` (needs a CUDA GPU and torch; bench-only).
+"""moe_cpu.Stream.capture under a real cudaLaunchHostFunc: time per decode step against a serial loop, bit-exactness.
+
+Needs a CUDA GPU and torch built for it (bench-only peers).
 
 What one decode step does, on one CUDA stream, as a hybrid server's layer would:
     the GPU routes a fresh token (top-k of random logits) -> copies x, ids and weights into pinned host buffers
@@ -10,6 +12,7 @@ GPU result must equal the blocking ``fused_experts`` on the same inputs, bit for
 against a serial loop (GPU part, sync, blocking call, copy back), as wall / step and as wall / max(T, t).
 
     python bench/stream_cuda_host.py [--steps 200] [--threads 8] [--scheme int4_w4a8]
+    python bench/stream_cuda_host.py --steps 4 --threads 2 --experts 8              # a quick check
 """
 from __future__ import annotations
 
@@ -19,12 +22,12 @@ import statistics
 import time
 
 import numpy as np
-import torch
 
 import moe_cpu
 from moe_cpu.bench.random_forms import random_block
 
 H, I, E, K = 2048, 768, 128, 8
+torch = None   # imported by main: a peer of this bench only
 
 
 def cudart() -> ctypes.CDLL:
@@ -43,20 +46,35 @@ def cudart() -> ctypes.CDLL:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=200)
+    global torch
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=200, help="decode steps per mode (default 200)")
     ap.add_argument("--threads", type=int, default=8, help="the stream's team (default 8)")
     ap.add_argument("--scheme", default="int4_w4a8", choices=moe_cpu.SCHEMES)
+    ap.add_argument("--experts", type=int, default=E, help=f"experts in the block (default {E}; at least top-k {K})")
     args = ap.parse_args(argv)
+    if args.steps < 1:
+        ap.error("--steps must be >= 1")
+    if args.experts < K:
+        ap.error(f"--experts {args.experts} must be >= the top-k of {K}")
+    try:
+        moe_cpu.set_num_threads(args.threads)
+    except ValueError as e:
+        ap.error(f"--threads: {e}")
+    try:
+        import torch
+    except ImportError:
+        ap.error("needs torch with CUDA (a peer of this bench only)")
+    if not torch.cuda.is_available():
+        ap.error(f"needs a CUDA GPU: torch {torch.__version__} sees none (torch.cuda.is_available() is False)")
     rt = cudart()
     rng = np.random.default_rng(0)
-    w13, w2 = random_block(rng, args.scheme, H, I, E)
-    moe_cpu.set_num_threads(args.threads)
+    w13, w2 = random_block(rng, args.scheme, H, I, args.experts)
     dev = torch.device("cuda")
     n = args.steps
     g = torch.Generator(device=dev).manual_seed(1)
     xs = torch.randn(n, 1, H, device=dev, generator=g)
-    logits = torch.randn(n, 1, E, device=dev, generator=g)
+    logits = torch.randn(n, 1, args.experts, device=dev, generator=g)
     tw_all, ids_all = torch.topk(torch.softmax(logits, -1), K, dim=-1)
     tw_all = (tw_all / tw_all.sum(-1, keepdim=True)).contiguous()
     ids_all = ids_all.to(torch.int32).contiguous()

@@ -1,5 +1,7 @@
-"""The CPU half of a hybrid server (issue 34; docs/hybrid.md): what a moe_cpu.Stream costs and what it overlaps,
-on the Qwen3-30B-A3B shape (H=2048, I=768, E=128, k=8), every figure a ratio or median from this one run.
+"""moe_cpu.Stream against the blocking fused_experts: idle CPU, submit latency, decode cost, overlap with a GPU.
+
+The CPU half of a hybrid server (issue 34; docs/hybrid.md): what a moe_cpu.Stream costs and what it overlaps, on
+the Qwen3-30B-A3B shape (H=2048, I=768, E=128 or --experts, k=8), every figure a ratio or median from this one run.
 
   idle       the process's CPU time over 2 s of an idle open stream, in % of one core;
   submit     the time Stream.submit takes to return at M=1 (median; the worker idle and spinning, or asleep);
@@ -13,8 +15,11 @@ on the Qwen3-30B-A3B shape (H=2048, I=768, E=128, k=8), every figure a ratio or 
              kt-kernel's CPUInfer submit / sync in the same loop where kt-kernel 0.7.2 is installed (--kt-peer).
 
     python bench/stream_overlap.py [--schemes int4_w4a8,...] [--rounds 100] [--layers 4] [--kt-peer]
+    python bench/stream_overlap.py --schemes int8_w8a8 --rounds 1 --layers 1 --experts 8 --idle-s 0.1 --tokens 2
+                                                                                            # a quick check
 """
 import argparse
+import importlib.util
 import os
 import statistics
 import time
@@ -62,8 +67,8 @@ class pinned:
             os.sched_setaffinity(0, self.mask)
 
 
-def pack(rng, scheme):
-    return random_packed(rng, scheme, E, 2 * I, H), random_packed(rng, scheme, E, H, I)
+def pack(rng, scheme, experts):
+    return random_packed(rng, scheme, experts, 2 * I, H), random_packed(rng, scheme, experts, H, I)
 
 
 def idle_cpu(seconds=2.0):
@@ -181,7 +186,7 @@ def spin_sweep(w13, w2, route, x, tw, rounds, spins=(0, 50, 200, 1000, 3000), n=
         print(f"{spin:8d}" + "".join(f"{v:13.1f}" for v in lat) + f"{burn * 1e3:10.3f} ms" + f"{ratio:11.3f}")
 
 
-def layer_loop(step, layers, tokens=30, rounds=5):
+def layer_loop(step, layers, tokens, rounds=5):
     """Tokens/s of `step(layer_index, x) -> x` over `layers` layers, median of `rounds` runs of `tokens` tokens."""
     rates = []
     for _ in range(rounds):
@@ -194,28 +199,42 @@ def layer_loop(step, layers, tokens=30, rounds=5):
     return statistics.median(rates)
 
 
-def main():
+def main(argv=None) -> int:
     global dummy
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--schemes", default=",".join(ALL))
-    ap.add_argument("--rounds", type=int, default=100)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--kt-peer", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--schemes", default=",".join(ALL), help=f"comma-separated (default {','.join(ALL)})")
+    ap.add_argument("--rounds", type=int, default=100, help="ABBA rounds of the decode table (default 100)")
+    ap.add_argument("--layers", type=int, default=4, help="layers of the decode loop (default 4)")
+    ap.add_argument("--tokens", type=int, default=30, help="tokens per run of the decode loop (default 30)")
+    ap.add_argument("--experts", type=int, default=E, help=f"experts per layer (default {E}; at least top-k {K})")
+    ap.add_argument("--idle-s", type=float, default=2.0, help="seconds the idle stream is watched (default 2)")
+    ap.add_argument("--kt-peer", action="store_true", help="also kt-kernel's CPUInfer in the decode loop")
     ap.add_argument("--spin-sweep", action="store_true", help="submit latency and idle CPU per spin_us")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    schemes = a.schemes.split(",")
+    bad = [s for s in schemes if s not in ALL]
+    if bad:
+        ap.error(f"--schemes: unknown {bad[0]!r}; choose from {', '.join(ALL)}")
+    if a.rounds < 1 or a.layers < 1 or a.tokens < 1:
+        ap.error("--rounds, --layers and --tokens must be >= 1")
+    if a.experts < K:
+        ap.error(f"--experts {a.experts} must be >= the top-k of {K}")
+    if a.idle_s <= 0:
+        ap.error("--idle-s must be > 0")
+    if a.kt_peer and importlib.util.find_spec("kt_kernel") is None:
+        ap.error("--kt-peer: kt-kernel is not installed (pip install kt-kernel==0.7.2 --no-deps)")
     rng = np.random.default_rng(0)
     n = moe_cpu.get_num_threads()
     x = rng.standard_normal((1, H), dtype=np.float32)
     tw = np.full((1, K), 1.0 / K, np.float32)
-    print(f"{n} threads, Qwen3-30B-A3B shape H={H} I={I} E={E} k={K}; "
+    print(f"{n} threads, Qwen3-30B-A3B shape H={H} I={I} E={a.experts} k={K}; "
           f"spin_us={moe_cpu.stream.DEFAULT_SPIN_US}")
-    schemes = a.schemes.split(",")
-    packed = {sch: pack(rng, sch) for sch in schemes}
+    packed = {sch: pack(rng, sch, a.experts) for sch in schemes}
     w13, w2 = packed[schemes[0]]
     dummy = (x, w13, w2, tw, np.arange(K, dtype=np.int32)[None])
-    print(f"\nidle: an open stream uses {idle_cpu():.2f}% of a core (process CPU time over 2 s)")
+    print(f"\nidle: an open stream uses {idle_cpu(a.idle_s):.2f}% of a core (process CPU time over {a.idle_s:g} s)")
 
-    route = Routing(rng, E, K)
+    route = Routing(rng, a.experts, K)
     st0 = steal_ms()
     counts = sorted({n, max(1, n - 1)}, reverse=True)
     print(f"\ndecode M=1: submit + wait / blocking fused_experts (both on t threads), {a.rounds} ABBA rounds of "
@@ -246,6 +265,7 @@ def main():
                 overlap_section(s, nt, rng, sch, w13, w2, route, x, tw, a)
         finally:
             moe_cpu.set_num_threads(n)
+    return 0
 
 
 def overlap_section(s, nt, rng, sch, w13, w2, route, x, tw, a):
@@ -260,11 +280,11 @@ def overlap_section(s, nt, rng, sch, w13, w2, route, x, tw, a):
     for f, ratio, wall, slept, te in overlap(s, w13, w2, route, x, tw, t_exp, a.rounds * 2):
         print(f"{f:8.1f} {ratio:9.3f} {wall * 1e3:8.3f} {slept * 1e3:11.3f} {te * 1e3:9.3f}")
 
-    L, T = a.layers, t_exp
-    layers = [pack(rng, sch) for _ in range(L - 1)] + [(w13, w2)]
-    gate = rng.standard_normal((E, H), dtype=np.float32) * 0.02
+    L, T, experts, tokens = a.layers, t_exp, a.experts, a.tokens
+    layers = [pack(rng, sch, experts) for _ in range(L - 1)] + [(w13, w2)]
+    gate = rng.standard_normal((experts, H), dtype=np.float32) * 0.02
     mlayers = [moe_cpu.MoELayer(gate, l13, l2, top_k=K) for l13, l2 in layers]
-    routes = [Routing(rng, E, K) for _ in range(L)]
+    routes = [Routing(rng, experts, K) for _ in range(L)]
 
     def serial(li, x):
         time.sleep(T)   # the GPU part
@@ -284,14 +304,14 @@ def overlap_section(s, nt, rng, sch, w13, w2, route, x, tw, a):
         time.sleep(T)
         return x + 1e-3 * h.wait()
 
-    print(f"decode loop, {L} layers, GPU part T = t_exp per layer; tokens/s, median of 5 runs of 30 tokens "
+    print(f"decode loop, {L} layers, GPU part T = t_exp per layer; tokens/s, median of 5 runs of {tokens} tokens "
           f"(ideal overlap: 2x)")
-    ser, st = layer_loop(serial, L), layer_loop(streamed, L)
+    ser, st = layer_loop(serial, L, tokens), layer_loop(streamed, L, tokens)
     print(f"  fused_experts, routing given:  serial {ser:7.1f}  stream {st:7.1f}  x{st / ser:.2f}")
-    ser, st = layer_loop(layer_serial, L), layer_loop(layer_streamed, L)
+    ser, st = layer_loop(layer_serial, L, tokens), layer_loop(layer_streamed, L, tokens)
     print(f"  MoELayer (router on the CPU):  serial {ser:7.1f}  stream {st:7.1f}  x{st / ser:.2f}")
     if a.kt_peer:
-        kt_loop(rng, nt, L, T, sch)
+        kt_loop(rng, nt, L, T, sch, experts, tokens)
     print(f"(steal time during this section: {steal_ms() - st0:.0f} ms)")
 
 
@@ -302,7 +322,7 @@ def timed_blocking(w13, w2, route, x, tw, reps=20):
     return (time.perf_counter() - t0) / reps
 
 
-def kt_loop(rng, n, L, T, sch):
+def kt_loop(rng, n, L, T, sch, E, tokens):
     """The same loop on kt-kernel's CPUInfer(n): submit forward_task, sleep T, sync."""
     from moe_cpu.bench import kt_peer
     from moe_cpu._dtypes import to_bf16_bits
@@ -333,11 +353,11 @@ def kt_loop(rng, n, L, T, sch):
         call(lambda: time.sleep(T))
         return x
 
-    ser, st = layer_loop(serial, L), layer_loop(streamed, L)
+    ser, st = layer_loop(serial, L, tokens), layer_loop(streamed, L, tokens)
     print(f"  kt-kernel {kt_peer.KT[sch]} CPUInfer({n}) (one layer's weights, {L} calls per token): "
           f"serial {ser:7.1f}  overlapped {st:7.1f}  x{st / ser:.2f}")
     kt.close()
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What issue 26 needs from a host with AMX (an Intel Xeon, or a lent device machine), in one go, logs under
 # $OUT (default amx_out/): lscpu, the GoogleTest suite (the amx kernels on real tiles at every row count), the
-# skeleton bench (bench/amx_skeleton.cpp: its estimates beside the real tiles, one core), pytest's
+# skeleton bench (bench/studies/amx_skeleton.cpp: its estimates beside the real tiles, one core), pytest's
 # `isa` tests at MOE_CPU_ISA=amx with every expert on the tiles, `moe-cpu info`, and the bench: %roof per M, the
 # AMX crossover, and kt-kernel where it is installed (pip install kt-kernel==0.7.2 --no-deps).
 #   bash scripts/amx_host.sh

@@ -28,7 +28,7 @@ if python3 -c "import moe_cpu, sys; sys.exit('amx' not in moe_cpu.cpu_features()
   step 120 "pytest -m isa at amx, every expert on the tiles" bash -c "MOE_CPU_ISA=amx MOE_CPU_AMX_MIN_ROWS=1 python3 -m \
     pytest -q -p no:cacheprovider -n 8 -m isa \$(python3 -c 'import jupyter_client' 2>/dev/null || echo --ignore=python/test_notebook.py) \
     python > '$L/pytest_amx.txt' 2>&1; tail -n 1 '$L/pytest_amx.txt'"
-  step 90 "GGUF g32 forms, tiles against the twin" bash -c "python3 ../bench/amx_g32_forms.py > '$L/g32_forms_tiles.txt' 2>&1; \
+  step 90 "GGUF g32 forms, tiles against the twin" bash -c "python3 ../bench/studies/amx_g32_forms.py > '$L/g32_forms_tiles.txt' 2>&1; \
     cat '$L/g32_forms_tiles.txt'"
   step 90 "bench" bash -c "python3 -m moe_cpu bench --shapes qwen3-30b-a3b --m 1,128,1024 --schemes \
     int8_w8a8,int4_w4a8,bf16,int4_w4a16 --no-peers --amx-crossover --out '$L/bench' > '$L/bench.txt' 2>&1; \

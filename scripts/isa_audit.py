@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""isa_audit.py: fails if ISA code can leak into portable code through the linker (docs/ARCHITECTURE.md, section 4).
+"""isa_audit.py: fails if ISA code can leak into portable code through the linker (cpp/src/kernels/README.md, "ISA regions").
 
 A function with external linkage (global or weak: inline functions, templates, the standard library's
 instantiations) may be defined by several objects, and the linker keeps one copy for all callers. If an object

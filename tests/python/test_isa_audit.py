@@ -1,4 +1,4 @@
-"""scripts/isa_audit.py catches ISA code that the linker could hand to portable code (docs/ARCHITECTURE.md, section 4).
+"""scripts/isa_audit.py catches ISA code that the linker could hand to portable code (cpp/src/kernels/README.md, "ISA regions").
 
 The build's own objects are audited by ctest (isa_audit) and by scripts/test.sh's emulated stage; here the audit
 meets small files built for the purpose: the leak it was written for (a shared inline helper and std::vector's

@@ -92,7 +92,7 @@ def test_output_bits_do_not_depend_on_token_chunks(rng, name, on_input):
         # Eigen's float GEMM blocks by matrix size, so its sums change order with the rows per
         # chunk: the last bits may differ (the SIMD kernels sum each row in a fixed order). The AMX
         # float kernels give an expert with fewer than amx_min_rows_float rows (here, in a chunk) to their
-        # AVX-512 twins, which sum in another order (docs/ARCHITECTURE.md, AMX).
+        # AVX-512 twins, which sum in another order (cpp/src/kernels/README.md, "AMX").
         np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(outs[2], outs[0], rtol=1e-5, atol=1e-6)
         return

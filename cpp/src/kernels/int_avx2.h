@@ -417,8 +417,6 @@ inline int int8_g32_passes(const PackedExperts& w, const ActRows& a);
 template <int NJ, int ND>
 void int8_avx2_g32_gemm(int P, const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                         int64_t ldc);
-inline void int8_avx2_split_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
-                                 int64_t ldc);  // int_avx2_split.h: split 5- / 6-bit codes
 template <int kBlk, bool kSigned>
 void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c);  // int_avx2_g32.h
 
@@ -505,13 +503,14 @@ void int4_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
   }
 }
 
-// The int8 GEMM of dot D (A8: per token or with activation blocks, A16); groups of 16 or 32 in IntAvx2G32's row
-// tiles. Integer scales (Q6_K, Q5_K): every tile widens them per group (one row tile per block is common: M = 128
+// The int8 GEMM of dot D (A8: per token or with activation blocks, A16) on int8 panels; groups of 16 or 32 in
+// IntAvx2G32's row tiles (split 5- / 6-bit codes: int8_avx2_codes_gemm in int_avx2_split.h). Integer scales
+// (Q6_K, Q5_K): every tile widens them per group (one row tile per block is common: M = 128
 // has ~8 rows per expert, where a scratch per block cost Q5_K 9%).
 template <IntDot D, int MR, int NJ, int ND>
 void int8_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
   if constexpr (D == IntDot::kMaddubs) {
-    if (w.split_bits) return int8_avx2_split_gemm(w, e, b0, b1, a, c, ldc);
+    if (w.split_bits) throw std::logic_error("split 5- / 6-bit codes reached int8_avx2_gemm (int_avx2_split.h)");
     if (const int P = int8_g32_passes(w, a)) return int8_avx2_g32_gemm<NJ, ND>(P, w, e, b0, b1, a, c, ldc);
   }
   if constexpr (D != IntDot::kMaddwd16)

@@ -198,4 +198,12 @@ inline void int8_avx2_split_gemm(const PackedExperts& w, int64_t e, int64_t b0, 
   a.bscale ? int8_avx2_split_gemm_blk<1>(w, e, b0, b1, a, c, ldc) : int8_avx2_split_gemm_blk<0>(w, e, b0, b1, a, c, ldc);
 }
 
+// w8a8_avx2's GEMM: split codes here, int8 panels in int_avx2.h (which does not know this header).
+template <int MR, int NJ, int ND>
+void int8_avx2_codes_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                          int64_t ldc) {
+  if (w.split_bits) return int8_avx2_split_gemm(w, e, b0, b1, a, c, ldc);
+  int8_avx2_gemm<IntDot::kMaddubs, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+}
+
 MOE_ISA_END

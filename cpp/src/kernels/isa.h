@@ -1,4 +1,4 @@
-// isa.h — where ISA code lives: the ISA region of a kernel header (docs/ARCHITECTURE.md, section 4).
+// isa.h — where ISA code lives: the ISA region of a kernel header (cpp/src/kernels/README.md, "ISA regions").
 // No file is compiled with ISA flags. A kernel .cpp names its ISA word first (`#define MOE_ISA avx2`), then
 // includes its kernel headers; each opens MOE_ISA_BEGIN after its #includes and closes MOE_ISA_END at its
 // end. Between them the code is compiled for the word's target and lies in namespace

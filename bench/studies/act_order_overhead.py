@@ -1,5 +1,7 @@
-"""Run-time cost of GPTQ act-order (docs/performance.md): one MoE layer of int4 weights with zero
-points, group 128, packed three ways from the same codes:
+"""Run-time cost of GPTQ act-order: time of int4 layers with g_idx (w13, w13+w2) against the same codes without.
+
+docs/performance.md. One MoE layer of int4 weights with zero points, group 128, packed three ways from the same
+codes:
   plain   - no g_idx (contiguous groups);
   w13     - w13 act-order (each routed row gathers its int8 codes), w2 folded into w13's rows (free);
   w13+w2  - both gathered at run time (what an unfolded w2 g_idx costs).
@@ -7,7 +9,8 @@ Calls are interleaved (plain, w13, w13+w2, plain, ...), each round with a new ra
 medians are compared, and so is the median of the per-round ratios (paired). Decode (M <= 16) runs 20x
 the rounds.
 
-    python bench/act_order_overhead.py [--shape qwen3-30b-a3b] [--m 1,1024] [--reps 15]
+    python bench/studies/act_order_overhead.py [--shape qwen3-30b-a3b] [--m 1,1024] [--reps 15]
+    python bench/studies/act_order_overhead.py --shape small --m 1 --reps 1          # a quick check
 """
 import argparse
 import statistics
@@ -30,14 +33,24 @@ def weights(rng, E, N, K, g):
     return q, s, z, gi
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES))
-    ap.add_argument("--m", default="1,1024")
-    ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--group", type=int, default=128)
-    a = ap.parse_args()
+    ap.add_argument("--m", default="1,1024", help="token counts (default 1,1024)")
+    ap.add_argument("--reps", type=int, default=15, help="rounds (20x at M <= 16; default 15)")
+    ap.add_argument("--group", type=int, default=128, help="int4 group size (default 128)")
+    a = ap.parse_args(argv)
     E, H, I, k = SHAPES[a.shape]
+    try:
+        Ms = [int(m) for m in a.m.split(",")]
+    except ValueError:
+        ap.error(f"--m {a.m!r}: expected comma-separated token counts")
+    if any(m < 1 for m in Ms):
+        ap.error(f"--m {a.m}: token counts must be >= 1")
+    if a.reps < 1:
+        ap.error("--reps must be >= 1")
+    if a.group < 1 or H % a.group or I % a.group:
+        ap.error(f"--group {a.group} must divide H {H} and I {I}")
     g, rng = a.group, np.random.default_rng(0)
     q13, s13, z13, g13 = weights(rng, E, 2 * I, H, g)
     q2, s2, z2, g2 = weights(rng, E, H, I, g)
@@ -49,7 +62,7 @@ def main():
     del q13, q2
     print(f"shape {a.shape}: E={E} H={H} I={I} k={k}, int4 g{g} with zero points, "
           f"{moe_cpu.get_num_threads()} threads, kernel {layers['plain'][0].kernel}")
-    for M in [int(m) for m in a.m.split(",")]:
+    for M in Ms:
         x = rng.standard_normal((M, H)).astype(np.float32)
         times = {n: [] for n in layers}
         reps = a.reps * (20 if M <= 16 else 1)   # decode calls are short and noisy: more rounds
@@ -69,7 +82,8 @@ def main():
             paired = statistics.median(t / p for t, p in zip(times[n], times["plain"]))
             print(f"M={M:5d} {n:7s} median {med * 1e3:9.3f} ms  ratio to plain {med / base:6.3f}  "
                   f"paired {paired:6.3f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

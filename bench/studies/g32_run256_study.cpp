@@ -2,7 +2,7 @@
 // the groups' integer scales inside the vpmaddwd that widens each group's int16 sums (as ik_llama.cpp's Q4_K_R4
 // loop does), an int32 sum per row and run of 8 groups, and one fp32 epilogue per run. Each row's group is the
 // library's qword_group (kernels/int_avx2_g32.h) with the scales in place of its vector of ones; 8 rows; the mins
-// term left out (an integer sum per run). bench/tile_mca.py compiles it and runs its group loop under llvm-mca
+// term left out (an integer sum per run). bench/studies/tile_mca.py compiles it and runs its group loop under llvm-mca
 // beside the library's tiles (docs/performance.md, issue 40).
 #define MOE_ISA avx2  // kernels/isa.h
 #include <immintrin.h>

@@ -19,7 +19,7 @@
 #include <random>
 #include <vector>
 
-#include "../tests/cpp/kernel_test_util.h"
+#include "../../tests/cpp/kernel_test_util.h"
 #include "common/numeric.h"
 #include "kernels/float_amx.h"
 #include "kernels/int_amx.h"

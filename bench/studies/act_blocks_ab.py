@@ -1,10 +1,12 @@
-"""What A8 activation blocks cost: each GGUF weight form packed twice from the same codes, per token and with the
-block a GGUF layer runs by default (32: ggml's Q8_0, finer than its Q8_K for the K-quants and IQ4_XS;
-docs/numerics.md "Activation blocks"), called in alternating order in each round on one
-Qwen3-30B-A3B layer with the same routing; the median of the per-round time ratios (blocks / per token) is
-reported, robust to this shared host's drift, with the median times.
+"""What A8 activation blocks cost: time of each GGUF weight form with blocks of 32 against per-token activations.
 
-    python bench/act_blocks_ab.py [--m 1,128,512] [--reps 15] [--forms q4_0,q8_0,...] [--threads 2]
+Each form packed twice from the same codes, per token and with the block a GGUF layer runs by default (32: ggml's
+Q8_0, finer than its Q8_K for the K-quants and IQ4_XS; docs/numerics.md "Activation blocks"), called in
+alternating order in each round on one Qwen3-30B-A3B layer with the same routing; the median of the per-round
+time ratios (blocks / per token) is reported, robust to this shared host's drift, with the median times.
+
+    python bench/studies/act_blocks_ab.py [--m 1,128,512] [--reps 15] [--forms q4_0,q8_0,...] [--threads 2]
+    python bench/studies/act_blocks_ab.py --forms q4_0 --m 1 --reps 1 --experts 8      # a quick check
 """
 import argparse
 import statistics
@@ -44,24 +46,42 @@ def pack_pair(rng, form, E, N, K):
     return tuple(moe_cpu.pack_int4(u, s, g, codebook=cb, mins=m, act_block=b) for b in (None, block))
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--m", default="1,128,512")
-    ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--forms", default=",".join(FORMS))
-    ap.add_argument("--threads", type=int, default=None)
-    a = ap.parse_args()
-    if a.threads:
-        moe_cpu.set_num_threads(a.threads)
-    E, H, I, k = 128, 2048, 768, 8
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--m", default="1,128,512", help="token counts (default 1,128,512)")
+    ap.add_argument("--reps", type=int, default=15, help="paired rounds (default 15)")
+    ap.add_argument("--forms", default=",".join(FORMS), help=f"comma-separated (default {','.join(FORMS)})")
+    ap.add_argument("--threads", type=int, default=None, help="moe_cpu threads (default: its own)")
+    ap.add_argument("--experts", type=int, default=128, help="experts in the layer (default 128; at least top-k 8)")
+    a = ap.parse_args(argv)
+    E, H, I, k = a.experts, 2048, 768, 8
+    forms = a.forms.split(",")
+    bad = [f for f in forms if f not in FORMS]
+    if bad:
+        ap.error(f"--forms: unknown {bad[0]!r}; choose from {', '.join(FORMS)}")
+    try:
+        Ms = [int(v) for v in a.m.split(",")]
+    except ValueError:
+        ap.error(f"--m {a.m!r}: expected comma-separated token counts")
+    if any(m < 1 for m in Ms):
+        ap.error(f"--m {a.m}: token counts must be >= 1")
+    if a.reps < 1:
+        ap.error("--reps must be >= 1")
+    if E < k:
+        ap.error(f"--experts {E} must be >= the top-k of {k}")
+    if a.threads is not None:
+        try:
+            moe_cpu.set_num_threads(a.threads)
+        except ValueError as e:
+            ap.error(f"--threads: {e}")
     rng = np.random.default_rng(0)
     print(f"moe_cpu {moe_cpu.__version__}, ISA {moe_cpu.cpu_features()['isa']}, {moe_cpu.get_num_threads()} threads; "
           f"Qwen3-30B-A3B layer (E {E}, H {H}, I {I}, top-{k}); blocks / per token, median of {a.reps} paired rounds")
     print(f"{'form':<10} {'block':>5} {'M':>5} {'per token ms':>13} {'blocks ms':>10} {'ratio':>6}  kernel")
-    for form in a.forms.split(","):
+    for form in forms:
         w13 = pack_pair(rng, form, E, 2 * I, H)
         w2 = pack_pair(rng, form, E, H, I)
-        for M in (int(v) for v in a.m.split(",")):
+        for M in Ms:
             x = rng.standard_normal((M, H), dtype=np.float32)
             times = ([], [])
             ratios = []
@@ -78,7 +98,8 @@ def main():
             print(f"{form:<10} {FORMS[form][4]:>5} {M:>5} {1e3 * statistics.median(times[0]):>13.3f} "
                   f"{1e3 * statistics.median(times[1]):>10.3f} {statistics.median(ratios):>6.3f}  {w13[1].kernel}",
                   flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

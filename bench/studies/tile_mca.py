@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The AVX2 GGUF row tiles, and ik_llama.cpp's hot prefill loops, under llvm-mca's port models.
+"""Cycles per 256 products of moe_cpu's AVX2 GGUF row tiles under llvm-mca, against ik_llama.cpp's hot loops.
 
 Noise-free figures for a noisy host: each loop's steady-state cycles per 256 products (one row, a group of 32
 channels and 8 columns: 8 vpmaddubsw) on llvm-mca's Sapphire Rapids (Golden Cove cores, as the Emerald Rapids
@@ -8,13 +8,14 @@ hosts) and Zen 3 models (the AVX2-only host of issue 40).
 - moe_cpu: kernels/int_avx2_g32.h's row tiles, 8 rows, compiled here as the library compiles them (-O3, the avx2
   ISA region); the group loop is the smallest backward-jump loop with 64 vpmaddubsw. The loop holds every path
   of its run-time branches (scale forms, mins), so a tile with branches counts a little high.
-- study: bench/g32_run256_study.cpp, a Q4_K tile against 256-blocks with the integer scales inside vpmaddwd (a
-  design, not library code), its group loop the same way (the per-run epilogue outside it is left out).
+- study: bench/studies/g32_run256_study.cpp, a Q4_K tile against 256-blocks with the integer scales inside vpmaddwd
+  (a design, not library code), its group loop the same way (the per-run epilogue outside it is left out).
 - ik (``--ik-lib``): loops of the ik-llama-cpp-python==0.1.5 wheel's libggml, found by perf (cpu-clock) as
   ik's hottest at M = 512 with rtr=1, fmoe=1 on bench/ik_peer.py's files, by start address (listed in IK_LOOPS;
   another build has other addresses, and the script refuses a library whose bytes differ).
 
-    python3 bench/tile_mca.py [--ik-lib /tmp/ikpeer/ik_llama_cpp_python.libs/libggml-0b5e5db1.so]
+    python3 bench/studies/tile_mca.py [--ik-lib /tmp/ikpeer/ik_llama_cpp_python.libs/libggml-0b5e5db1.so]
+    python3 bench/studies/tile_mca.py --cpus znver3 --iterations 10                  # a quick check
 
 Needs g++, objdump and an llvm-mca that knows both CPUs (LLVM 16 or later: apt-get install llvm-19). LLVM 14's
 "alderlake" is its Skylake model (two load ports), which docs/performance.md used before.
@@ -31,7 +32,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Tuple
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CODES = {"kPlain": 0, "kTable": 1, "kSigned": 2, "kQword": 3, "kQwordSigned": 4}  # kernels/int_avx2.h's Codes
 TERMS = {"0": 0, "kG32Zc": 1, "kG32Mins": 2}  # int_avx2_g32.h's kF
 # type -> the IntAvx2G32<kInt4, C, kBlk, P, kF> row tile GGUF loads run (int_avx2_g32.h), 8 rows
@@ -111,13 +112,16 @@ def compile_functions(cxx: str, cpp: str) -> Dict[str, List[Tuple[Optional[str],
     """cpp compiled to assembly as the library compiles its kernels (-O3, cpp/src on the include path)."""
     with tempfile.TemporaryDirectory() as d:
         s = os.path.join(d, "out.s")
-        subprocess.run([cxx, "-std=c++17", "-O3", "-DNDEBUG", "-S", "-I", os.path.join(ROOT, "cpp/src"), "-I",
-                        os.path.join(ROOT, "cpp/include"), cpp, "-o", s], check=True)
+        r = subprocess.run([cxx, "-std=c++17", "-O3", "-DNDEBUG", "-S", "-I", os.path.join(ROOT, "cpp/src"), "-I",
+                            os.path.join(ROOT, "cpp/include"), cpp, "-o", s], capture_output=True, text=True)
+        if r.returncode != 0 or not os.path.exists(s):   # e.g. a compiler for another target: the error, one line
+            err = next((ln for ln in r.stderr.splitlines() if "error" in ln), r.stderr.strip()[-200:])
+            sys.exit(f"{cxx} could not compile {os.path.basename(cpp)}: {err}")
         return parse_functions(open(s).read())
 
 
 def study_loop(cxx: str) -> List[str]:
-    funcs = compile_functions(cxx, os.path.join(ROOT, "bench/g32_run256_study.cpp"))
+    funcs = compile_functions(cxx, os.path.join(ROOT, "bench/studies/g32_run256_study.cpp"))
     return innermost_loop(next(body for name, body in funcs.items() if "g32_run256_tile" in name), 64)
 
 
@@ -176,15 +180,23 @@ def ik_loops(lib: str) -> Dict[str, List[Tuple[str, List[str]]]]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ik-lib", help="the ik wheel's libggml-0b5e5db1.so (its hot loops side by side)")
     ap.add_argument("--mca", help="llvm-mca binary (default: the newest llvm-mca-NN, 16 or later)")
     ap.add_argument("--cpus", default="sapphirerapids,znver3", help="llvm-mca -mcpu models")
-    ap.add_argument("--cxx", default="g++")
-    ap.add_argument("--iterations", type=int, default=300)
-    args = ap.parse_args()
-    mca, cpus = find_mca(args.mca), args.cpus.split(",")
+    ap.add_argument("--cxx", default="g++", help="the C++ compiler (default g++)")
+    ap.add_argument("--iterations", type=int, default=300, help="llvm-mca iterations (default 300)")
+    args = ap.parse_args(argv)
+    if args.iterations < 1:
+        ap.error("--iterations must be >= 1")
+    cpus = [c for c in args.cpus.split(",") if c]
+    if not cpus:
+        ap.error("--cpus: no llvm-mca model given")
+    for tool in (args.cxx, "objdump", "c++filt"):
+        if not shutil.which(tool):
+            ap.error(f"needs {tool} (a C++ compiler and binutils)")
+    mca = find_mca(args.mca)
     if args.ik_lib:
         check_ik_lib(args.ik_lib)
     ver = re.search(r"version (\S+)", subprocess.run([mca, "--version"], capture_output=True, text=True).stdout)
@@ -201,7 +213,8 @@ def main() -> None:
             text = "\n".join(body) + "\n"
             print(f"{typ:7} {name:26} " + " ".join(f"{cycles_per_256(mca, c, text, args.iterations):15.2f}" for c in cpus)
                   + f" {len(body)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,19 +1,24 @@
-"""Instruction mix of each kernel's innermost loop, read from the disassembly (objdump -d).
+"""Instruction mix of each kernel's innermost loop, from a build's disassembly: dot / FMA against other instructions.
 
 For every kernel object file of a CMake build it finds the main register tile's function, takes the
 innermost loop (a backward branch) that holds the dot-product instructions, and counts what is in
-it. Used by docs/performance.md to explain speed figures.
+it. Used by docs/performance.md to explain speed figures. Needs a CMake build directory (scripts/test.sh makes
+build/ctest) and binutils' objdump (aarch64-linux-gnu-objdump for the Arm kernels).
 
-    python bench/inner_loop_mix.py build/ctest        # a CMake build directory (x86-64)
-    python bench/inner_loop_mix.py build/arm          # the AArch64 cross build (aarch64-linux-gnu-objdump)
+    python bench/studies/inner_loop_mix.py build/ctest        # a CMake build directory (x86-64; the default)
+    python bench/studies/inner_loop_mix.py build/arm          # the AArch64 cross build (aarch64-linux-gnu-objdump)
+    python bench/studies/inner_loop_mix.py --kernels w4a8_avx2                         # a quick check
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import pathlib
 import re
+import shutil
 import subprocess
-import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 DOT = ("vpdpbusd", "vdpbf16ps", "vpmaddubsw", "vfmadd231ps", "vfmadd213ps", "vfmadd132ps", "sdot", "fmla", "bfdot",
        "smmla", "bfmmla")
@@ -59,14 +64,29 @@ def loop_mix(obj: pathlib.Path, tile: str, objdump: str = "objdump"):
     return collections.Counter(x[1] for x in best) if best else None
 
 
-def main() -> None:
-    build = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "build/ctest")
-    for name, tile in TILES.items():
-        objs = list(build.rglob(f"{name}.cpp.o"))
-        if not objs:
-            continue
-        objdump = "aarch64-linux-gnu-objdump" if "neon" in name else "objdump"
-        mix = loop_mix(objs[0], tile, objdump)
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("build", nargs="?", default=str(ROOT / "build" / "ctest"),
+                    help="a CMake build directory (default: the repository's build/ctest)")
+    ap.add_argument("--kernels", default=",".join(TILES), help="kernel files, comma-separated (default: all)")
+    a = ap.parse_args(argv)
+    kernels = a.kernels.split(",")
+    bad = [k for k in kernels if k not in TILES]
+    if bad:
+        ap.error(f"--kernels: unknown {bad[0]!r}; choose from {', '.join(TILES)}")
+    build = pathlib.Path(a.build)
+    if not build.is_dir():
+        ap.error(f"no build directory {build} (scripts/test.sh quick builds build/ctest)")
+    found = {name: objs[0] for name in kernels for objs in [sorted(build.rglob(f"{name}.cpp.o"))] if objs}
+    if not found:
+        ap.error(f"no kernel object files ({', '.join(k + '.cpp.o' for k in kernels[:3])}, ...) under {build}")
+    tools = {name: "aarch64-linux-gnu-objdump" if "neon" in name else "objdump" for name in found}
+    missing = sorted({t for t in tools.values() if not shutil.which(t)})
+    if missing:
+        ap.error(f"needs {missing[0]} (binutils) for {', '.join(n for n, t in tools.items() if t == missing[0])}")
+    for name, obj in found.items():
+        tile = TILES[name]
+        mix = loop_mix(obj, tile, tools[name])
         if mix is None:
             print(f"{name:<18} {tile}: loop not found")
             continue
@@ -74,7 +94,8 @@ def main() -> None:
         dots = sum(v for k, v in mix.items() if k in DOT)
         rest = ", ".join(f"{k} {v}" for k, v in mix.most_common())
         print(f"{name:<18} {tile:<24} {total:>3} instructions, {dots:>2} dot/FMA: {rest}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -4,7 +4,7 @@
 # Over Open MPI's shared-memory transport, Qwen3 and DeepSeek shapes, M = 1 and 512 (4 ranks oversubscribed on a
 # 2-core machine). Unbound (--bind-to none), so threads per rank = cores / ranks: 1 rank runs 2 threads, 2 and 4
 # ranks 1 each. Arguments go to `moe-cpu bench --ep` (--shapes, --m, --schemes, --experts, --calls, --sweep, ...).
-# Environment: RANKS (default "1 2 4"), OUT (JSON, default bench_out), LOG (default docs/bench/ep_scaling.log).
+# Environment: RANKS (default "1 2 4"), OUT (JSON, default bench/out), LOG (default bench/out/ep_scaling.log).
 # Needs Open MPI's mpirun and mpi4py.
 #
 #   bash bench/ep_scaling.sh
@@ -26,12 +26,13 @@ if ! python3 -c "import mpi4py" 2>/dev/null; then
 fi
 MOE=(moe-cpu); command -v moe-cpu >/dev/null || MOE=(python3 -m moe_cpu)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-OUT=${OUT:-bench_out}
-LOG=${LOG:-docs/bench/ep_scaling.log}
+OUT=${OUT:-bench/out}
+LOG=${LOG:-bench/out/ep_scaling.log}
 RANKS=${RANKS:-1 2 4}
 for n in $RANKS; do
   case $n in ''|*[!0-9]*|0) echo "ep_scaling.sh: RANKS='$RANKS' must hold rank counts >= 1" >&2; exit 2 ;; esac
 done
+mkdir -p "$(dirname "$LOG")"
 {
   echo "# $(date -u +%F) $(lscpu | grep 'Model name' | sed 's/  */ /g'), $(nproc) cores"
   for n in $RANKS; do

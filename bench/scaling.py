@@ -20,7 +20,7 @@ What it prints, per thread count t
 
 Usage
     python bench/scaling.py                       # 1, 2, 4, 8, 16 and all cores where the host has them
-    python bench/scaling.py --threads 1,2 --reps 5 --out docs/bench/scaling_zen5.log
+    python bench/scaling.py --threads 1,2 --reps 5 --out bench/out/scaling.log
     python bench/scaling.py --threads 1 --m 1 --reps 2 --experts 8 --bw-bytes 67108864   # a quick check
 """
 from __future__ import annotations
@@ -110,6 +110,7 @@ def main(argv=None) -> int:
         print(line, flush=True)
         lines.append(line)
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
     return 0

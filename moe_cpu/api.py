@@ -446,7 +446,8 @@ def set_amx_min_rows(rows: Optional[int]) -> None:
     bf16 and fp8 won from 8 rows, so until a threshold is set (here or by the variable) they take the tiles from
     8; once set, it applies to them too. A16 and int4 / int8 in groups of 32 (GGUF's forms) lost on the tiles at
     nearly every row count (0.3-1.1x; codebook and K-quant layers 2.2-4.8x slower), so they stay on AVX-512 at every
-    threshold but 1, which puts every expert on the tiles (the tests' setting; docs/performance.md, AMX).
+    threshold but 1, which puts every expert on the tiles (the tests' setting; docs/performance.md,
+    "Xeon with AMX: when the tiles win (2 and 16 cores)").
     ``None`` goes back to ``MOE_CPU_AMX_MIN_ROWS`` or, without it, to the defaults
     (``cpu_features()["amx_min_rows_set"]`` False)."""
     if rows is None:

@@ -1,6 +1,6 @@
 """Expert-parallel model of a DeepSeek-V3 layer on 2, 4 and 8 hosts: expert compute against the all-reduce (ms).
 
-A model, not a measurement (docs/performance.md): a markdown table of hosts x link x M.
+A model, not a measurement (docs/performance.md, "Expert parallelism over MPI"): a markdown table of hosts x link x M.
 
 per-layer time = max over hosts of expert compute + all-reduce of M x H x 4 bytes (fp32).
 Assumptions (stated, not measured here): a host streams int4 weights at MEM_GBS in decode and runs

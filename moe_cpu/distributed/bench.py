@@ -1,6 +1,6 @@
 """``mpirun -np N moe-cpu bench --ep``: the expert-parallel layer on model shapes, with the time split
 into expert compute, the error agreement and the fp32 all-reduce, and an all-reduce latency sweep
-(the alpha / beta of docs/performance.md's scaling model).
+(the alpha / beta of the model in docs/performance.md, "Expert parallelism over MPI").
 
 Each rank packs only its own experts from random codes (the values do not change the speed). Every
 timed call starts after a barrier; a call's time is the slowest rank's, and the figure is the median

@@ -172,7 +172,7 @@ GGML_ACT_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "I
 # What a GGUF layer runs by default: ggml's block, or the finer 32 where ggml's is 256. Blocks of 32 cost the
 # kernels the same as 256 (one scale per group of 32 either way; integer mins stay) and give the K-quants and
 # IQ4_XS about 1.2e-2 layer error against 1.8e-2 (ik_llama.cpp without run-time repack computes them with blocks
-# of 32 too: bench/ik_peer.py, docs/performance.md).
+# of 32 too: bench/ik_peer.py, docs/performance.md, "How it is measured").
 ACT_BLOCK = {t: min(b, 32) for t, b in GGML_ACT_BLOCK.items()}
 
 

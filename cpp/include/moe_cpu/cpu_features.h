@@ -46,7 +46,9 @@ bool amx_emulated();
 // positive integer, read once; ValueError else), else kAmxMinRows. Until one of the two sets it, bf16 and fp8
 // take the tiles from kAmxMinRowsFloat rows. The forms whose tiles lost where measured (kernels/amx_scratch.h:
 // tiles_lose) stay on the twins unless the threshold is set to 1 (every expert on the tiles: the tests).
-constexpr int64_t kAmxMinRows = 16;  // measured on a 16-core Emerald Rapids: docs/performance.md, AMX
+// kAmxMinRows: measured on a 16-core Emerald Rapids (docs/performance.md,
+// "Xeon with AMX: when the tiles win (2 and 16 cores)").
+constexpr int64_t kAmxMinRows = 16;
 constexpr int64_t kAmxMinRowsFloat = 8;  // bf16 / fp8: 1.37-2.18x at 8 rows on a 16- and a 2-core Emerald Rapids
 int64_t amx_min_rows();
 int64_t amx_min_rows_float();  // bf16 / fp8's threshold in force: amx_min_rows() once set, else kAmxMinRowsFloat

@@ -159,7 +159,8 @@ void row_blocks(const TileRows& rows, int64_t R, int64_t G, int64_t gl, int64_t 
   }
 }
 
-// Forms whose tiles lost to the AVX-512 twin on Emerald Rapids at 2 and 16 threads (docs/performance.md, AMX):
+// Forms whose tiles lost to the AVX-512 twin on Emerald Rapids at 2 and 16 threads (docs/performance.md,
+// "Xeon with AMX: when the tiles win (2 and 16 cores)"):
 // A16 (0.31-0.58x at 1-128 rows per expert) and int4 / int8 in groups of 32 or less, GGUF's forms (0.49-1.08x at
 // 16-128 rows: each 32-deep step pays a per-group epilogue; codebooks and K-quant mins 2.2-4.8x slower at 32).
 // They take tiles only at a set threshold of 1, every expert on the tiles (the tests' setting); other thresholds

@@ -142,7 +142,7 @@ struct IntFormBlock {
 };
 
 // How far ahead an int kernel's decode tile prefetches its (sequential) panel stream, into L2 (2, 4, 8, 16 KiB
-// tried on a Zen 5, paired A/B: 4 KiB best; docs/performance.md).
+// tried on a Zen 5, paired A/B: 4 KiB best; docs/performance.md, "Decisions").
 constexpr int64_t kDecodePrefetchBytes = 4096;
 
 // Decode's prefetch of each panel's scale-group side data (fp32 or integer-form scales, fp32 or integer mins, zero

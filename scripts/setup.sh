@@ -12,9 +12,15 @@ if ! dpkg -s $PKGS >/dev/null 2>&1; then
 fi
 python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 python3 -m pip install -q cmake ninja scikit-build-core pybind11 numpy
-python3 -m pip install -q ".[test]"
+# The package, built in build/py (no build isolation: the build tools above) so that `test.sh quick` rebuilds
+# incrementally, or not at all while no source changed (build/py/.installed).
+python3 -m pip install -q --no-build-isolation -C build-dir=build/py ".[test]"
+touch build/py/.installed
 # Test-only oracles and callers (never runtime): torch pinned to the CPU wheel these hosts carry (plain
 # `torch` would download a CUDA build), transformers for the Hugging Face model checks, JAX (CPU) for the
 # DLPack tests.
 python3 -m pip install -q torch==2.13.0 transformers==5.23.0 jax==0.10.2 jaxlib==0.10.2
 (cd "${TMPDIR:-/tmp}" && python3 -c "import moe_cpu; print('moe_cpu', moe_cpu.__version__, 'installed; kernels:', moe_cpu.cpu_features()['kernels'])")
+# The Release GoogleTest build that both test.sh modes run (incremental from here on).
+cmake -S . -B build/ctest -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null
+cmake --build build/ctest -j "${JOBS:-2}" | tail -n 1

@@ -168,6 +168,7 @@ def test_avx2vnni_level_needs_avx_vnni(tmp_path):
 EVEX_ONLY = re.compile(r"%zmm|%ymm(1[6-9]|2[0-9]|3[01])\b|%xmm(1[6-9]|2[0-9]|3[01])\b|%k[0-7]\b|\{1to")
 
 
+@pytest.mark.slow  # a subprocess: the full run, not `test.sh quick`
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 encoding check")
 def test_shipped_avx2vnni_kernels_are_vex_only():
     """The AVX-VNNI kernels must run on CPUs without AVX-512: their code is {vex} vpdpbusd and

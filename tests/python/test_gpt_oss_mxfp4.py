@@ -171,6 +171,7 @@ def test_bad_mxfp4_checkpoints(tmp_path, rng, case):
     assert_load_raises(tmp_path, d, None, case, needles)
 
 
+@pytest.mark.slow  # a subprocess: the full run, not `test.sh quick`
 def test_cli_convert_and_run(tmp_path, rng):
     import subprocess
     import sys

@@ -150,6 +150,7 @@ def test_loads_losslessly_and_runs_like_the_reference(tmp_path, rng, variant):
                      scheme, variant)
 
 
+@pytest.mark.slow  # a subprocess: the full run, not `test.sh quick`
 def test_convert_and_run_through_the_cli(tmp_path, rng):
     import subprocess
     import sys

@@ -18,6 +18,7 @@ FIXTURES = os.path.join(ROOT, "tests", "isa_audit")
 AUDIT = os.path.join(ROOT, "scripts", "isa_audit.py")
 
 pytestmark = [
+    pytest.mark.slow,  # compiles C++ files: the full run, not `test.sh quick`
     pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the fixtures are x86 code"),
     pytest.mark.skipif(shutil.which("g++") is None or shutil.which("objdump") is None, reason="needs g++ and binutils"),
 ]

@@ -63,6 +63,7 @@ def _cli(*args, cwd):
                           cwd=cwd, timeout=300)
 
 
+@pytest.mark.slow  # a subprocess: the full run, not `test.sh quick`
 def test_cli_convert_then_run(checkpoint, tmp_path):
     out = tmp_path / "converted"
     conv = _cli("convert", "--checkpoint", checkpoint, "--out", out, "--layers", "0-1", "--scheme", "int8_w8a8",
@@ -80,6 +81,7 @@ def test_cli_convert_then_run(checkpoint, tmp_path):
         assert ("--layer / --scheme are not used" in run.stderr) == (source != checkpoint)
 
 
+@pytest.mark.slow  # a subprocess: the full run, not `test.sh quick`
 def test_cli_reports_bad_checkpoints_without_a_traceback(tmp_path):
     bad = _cli("run", "--checkpoint", tmp_path / "nothing_here", "--layer", 0, cwd=tmp_path)
     assert bad.returncode == 2

@@ -15,7 +15,8 @@ import pytest
 
 from moe_cpu import _core
 
-pytestmark = pytest.mark.skipif(platform.system() != "Linux", reason="--exclude-libs is an ELF linker option")
+pytestmark = [pytest.mark.skipif(platform.system() != "Linux", reason="--exclude-libs is an ELF linker option"),
+              pytest.mark.slow]  # builds and links C++: the full run, not `test.sh quick`
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RUNTIME = re.compile(r"^\S+ \S (?:std::(?:locale|ios_base|num_put|codecvt|ctype|basic_ostream)|vtable for std::basic_ios)")
 PROBE = r"""

@@ -22,6 +22,7 @@ def run_py(code, **env):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=300)
 
 
+@pytest.mark.slow  # a subprocess: the full run, not `test.sh quick`
 @pytest.mark.parametrize("env,want", [
     ({}, "moe_cpu (idle workers poll 200 us, then sleep)"),
     ({"MOE_CPU_SPIN_US": "50"}, "moe_cpu (idle workers poll 50 us, then sleep)"),
@@ -34,6 +35,7 @@ def test_which_team(env, want):
     assert out.returncode == 0 and out.stdout.strip() == want, out.stderr[-2000:]
 
 
+@pytest.mark.slow  # a subprocess: the full run, not `test.sh quick`
 @pytest.mark.parametrize("env,needle", [
     ({"MOE_CPU_TEAM": "tbb"}, "MOE_CPU_TEAM = 'tbb' must be 'moe_cpu' (the default) or 'omp'"),
     ({"MOE_CPU_SPIN_US": "-1"}, "MOE_CPU_SPIN_US = '-1' must be an integer in [0, 1000000]"),
@@ -106,6 +108,7 @@ def test_more_threads_than_cores_give_the_same_bits(rng):
         moe_cpu.set_num_threads(before)
 
 
+@pytest.mark.slow  # a subprocess: the full run, not `test.sh quick`
 @pytest.mark.parametrize("script,args,needle", [
     ("contention.py", ["--neighbours", "-1"], "a neighbour count must be >= 0"),
     ("contention.py", ["--neighbours", "x"], "comma-separated integers"),
@@ -134,6 +137,7 @@ def test_neighbours_refuse_negative_counts():
         contention.Neighbours(-2)
 
 
+@pytest.mark.slow  # a subprocess: the full run, not `test.sh quick`
 def test_contention_spin_reference_runs():
     # --spin-ref adds one row per case for a single thread of fixed work (bench/contention.py); 5 quiet calls.
     out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "contention.py"), "--m", "1", "--neighbours", "0",

@@ -21,6 +21,7 @@ import moe_cpu
 from moe_cpu import _core
 from moe_cpu.bench.peaks import kernel_isa, peak_insn
 from moe_cpu.bench.timing import Routing, weight_bytes
+from moe_cpu._argtypes import token_counts
 
 E, H, I, K_TOP = 128, 2048, 768, 8   # Qwen3-30B-A3B
 
@@ -43,7 +44,7 @@ def pack(rng, kind, E):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--weights", default="int4,int8", help="int4 (g128) and / or int8 (per channel); default both")
-    ap.add_argument("--m", default="1,4,16,64,256,1024", help="token counts (default 1,4,16,64,256,1024)")
+    ap.add_argument("--m", type=token_counts, default="1,4,16,64,256,1024", help="token counts (default 1,4,16,64,256,1024)")
     ap.add_argument("--rounds", type=int, default=9, help="paired rounds per M (default 9)")
     ap.add_argument("--experts", type=int, default=E, help=f"experts (default {E}; at least top-k {K_TOP})")
     ap.add_argument("--bw-bytes", type=int, default=1 << 30, help="read-bandwidth buffer for decode (default 1 GiB)")
@@ -52,12 +53,7 @@ def main(argv=None) -> int:
     bad = [k for k in kinds if k not in ("int4", "int8")]
     if bad:
         ap.error(f"--weights: unknown {bad[0]!r}; choose from int4, int8")
-    try:
-        Ms = [int(m) for m in a.m.split(",")]
-    except ValueError:
-        ap.error(f"--m {a.m!r}: expected comma-separated token counts")
-    if any(m < 1 for m in Ms):
-        ap.error(f"--m {a.m}: token counts must be >= 1")
+    Ms = a.m
     if a.rounds < 1:
         ap.error("--rounds must be >= 1")
     if a.experts < K_TOP:

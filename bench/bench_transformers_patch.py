@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 import moe_cpu
+from moe_cpu._argtypes import token_counts
 
 H, I, E, K = 2048, 768, 128, 8
 SCHEMES = {"bf16": None, "int4_w4a8": 128, "int8_w8a8": None, "fp8_w8a16": None}   # scheme -> group size
@@ -63,16 +64,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch and moe_cpu threads (default 2)")
     ap.add_argument("--rounds-decode", type=int, default=30, help="timed rounds at M <= 16 (default 30)")
     ap.add_argument("--rounds-prefill", type=int, default=5, help="timed rounds above (default 5)")
-    ap.add_argument("--m", default="1,512", help="token counts (default 1,512)")
+    ap.add_argument("--m", type=token_counts, default="1,512", help="token counts (default 1,512)")
     ap.add_argument("--experts", type=int, default=E, help=f"experts in the block (default {E}; at least top-k {K})")
     ap.add_argument("--schemes", default=",".join(SCHEMES), help=f"moe_cpu schemes (default {','.join(SCHEMES)})")
     a = ap.parse_args(argv)
-    try:
-        Ms = [int(v) for v in a.m.split(",")]
-    except ValueError:
-        ap.error(f"--m {a.m!r}: expected comma-separated token counts")
-    if any(m < 1 for m in Ms):
-        ap.error(f"--m {a.m}: token counts must be >= 1")
+    Ms = a.m
     if a.rounds_decode < 1 or a.rounds_prefill < 1:
         ap.error("--rounds-decode and --rounds-prefill must be >= 1")
     if a.experts < K:

@@ -17,6 +17,7 @@ import numpy as np
 import moe_cpu
 from moe_cpu.bench.random_forms import KSCALES, kquant_mins, kquant_scales
 from moe_cpu.forms import IQ4_NL_VALUES, UNSIGNED4
+from moe_cpu._argtypes import token_counts
 
 # form -> (int4?, group, codebook, mins, the activation block a GGUF layer of it runs)
 FORMS = {
@@ -48,7 +49,7 @@ def pack_pair(rng, form, E, N, K):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--m", default="1,128,512", help="token counts (default 1,128,512)")
+    ap.add_argument("--m", type=token_counts, default="1,128,512", help="token counts (default 1,128,512)")
     ap.add_argument("--reps", type=int, default=15, help="paired rounds (default 15)")
     ap.add_argument("--forms", default=",".join(FORMS), help=f"comma-separated (default {','.join(FORMS)})")
     ap.add_argument("--threads", type=int, default=None, help="moe_cpu threads (default: its own)")
@@ -59,12 +60,7 @@ def main(argv=None) -> int:
     bad = [f for f in forms if f not in FORMS]
     if bad:
         ap.error(f"--forms: unknown {bad[0]!r}; choose from {', '.join(FORMS)}")
-    try:
-        Ms = [int(v) for v in a.m.split(",")]
-    except ValueError:
-        ap.error(f"--m {a.m!r}: expected comma-separated token counts")
-    if any(m < 1 for m in Ms):
-        ap.error(f"--m {a.m}: token counts must be >= 1")
+    Ms = a.m
     if a.reps < 1:
         ap.error("--reps must be >= 1")
     if E < k:

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 import moe_cpu
+from moe_cpu._argtypes import token_counts
 
 SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "small": (16, 512, 256, 4)}   # E, H, I, k
 
@@ -36,17 +37,12 @@ def weights(rng, E, N, K, g):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES))
-    ap.add_argument("--m", default="1,1024", help="token counts (default 1,1024)")
+    ap.add_argument("--m", type=token_counts, default="1,1024", help="token counts (default 1,1024)")
     ap.add_argument("--reps", type=int, default=15, help="rounds (20x at M <= 16; default 15)")
     ap.add_argument("--group", type=int, default=128, help="int4 group size (default 128)")
     a = ap.parse_args(argv)
     E, H, I, k = SHAPES[a.shape]
-    try:
-        Ms = [int(m) for m in a.m.split(",")]
-    except ValueError:
-        ap.error(f"--m {a.m!r}: expected comma-separated token counts")
-    if any(m < 1 for m in Ms):
-        ap.error(f"--m {a.m}: token counts must be >= 1")
+    Ms = a.m
     if a.reps < 1:
         ap.error("--reps must be >= 1")
     if a.group < 1 or H % a.group or I % a.group:

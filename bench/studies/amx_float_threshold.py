@@ -14,6 +14,7 @@ import numpy as np
 
 import moe_cpu
 from moe_cpu.bench.random_forms import random_packed
+from moe_cpu._argtypes import token_counts
 
 SCHEMES = ("bf16", "fp8_w8a16")
 
@@ -28,18 +29,13 @@ def timed(f, n):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--m", default="64,128,192,256", help="token counts (default 64,128,192,256)")
+    ap.add_argument("--m", type=token_counts, default="64,128,192,256", help="token counts (default 64,128,192,256)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     ap.add_argument("--experts", type=int, default=128, help="experts in the block (default 128; at least top-k 8)")
     ap.add_argument("--schemes", default=",".join(SCHEMES), help=f"comma-separated (default {','.join(SCHEMES)})")
     a = ap.parse_args(argv)
     E, k, H, I = a.experts, 8, 2048, 768
-    try:
-        Ms = [int(m) for m in a.m.split(",")]
-    except ValueError:
-        ap.error(f"--m {a.m!r}: expected comma-separated token counts")
-    if any(m < 1 for m in Ms):
-        ap.error(f"--m {a.m}: token counts must be >= 1")
+    Ms = a.m
     if a.rounds < 1:
         ap.error("--rounds must be >= 1")
     if E < k:

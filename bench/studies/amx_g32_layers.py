@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 import moe_cpu
+from moe_cpu._argtypes import token_counts
 
 TYPES = "Q4_0,Q8_0,Q4_K,IQ4_XS,Q5_K"
 
@@ -24,18 +25,13 @@ def main(argv=None) -> int:
     ap.add_argument("threshold", nargs="?", type=int, default=1,
                     help="rows per expert from which the tiles run (default 1: every expert on the tiles)")
     ap.add_argument("types", nargs="?", default=TYPES, help=f"GGUF types, comma-separated (default {TYPES})")
-    ap.add_argument("--m", default="128,512", help="token counts (default 128,512)")
+    ap.add_argument("--m", type=token_counts, default="128,512", help="token counts (default 128,512)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     ap.add_argument("--work-dir", default="/tmp/ik_peer_models", help="bench/ik_peer.py's GGUF cache")
     a = ap.parse_args(argv)
     if a.threshold < 1:
         ap.error(f"THRESHOLD {a.threshold} must be >= 1")
-    try:
-        Ms = [int(m) for m in a.m.split(",")]
-    except ValueError:
-        ap.error(f"--m {a.m!r}: expected comma-separated token counts")
-    if any(m < 1 for m in Ms):
-        ap.error(f"--m {a.m}: token counts must be >= 1")
+    Ms = a.m
     if a.rounds < 1:
         ap.error("--rounds must be >= 1")
     f = moe_cpu.cpu_features()

@@ -6,8 +6,9 @@
 #                                 # against an ASan build of the extension)
 #   bash scripts/test.sh quick    # while developing: re-install only if a source changed, the GoogleTest suite, the
 #                                 # native pytest run without `slow`, one thread per test on every core (pytest-xdist)
-# The full run keeps both cores busy: the C++ builds and qemu runs (lane "builds", logged to build/lane_builds.log and
-# printed when it ends) beside the pytest levels. Each stage prints its seconds.
+# The full run keeps both cores busy: the ASan, AArch64 and emulated-CPU builds and their qemu runs (lane "builds",
+# logged to build/lane_builds.log and printed when it ends) beside the pytest levels, then TSan and the ASan extension.
+# Each stage prints its seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}
@@ -70,14 +71,6 @@ builds_lane() {
   cmake --build build/asan -j "$JOBS" | tail -n 1
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest_in build/asan
   took ASan $t
-  # The Stream's queue and hand-off under ThreadSanitizer (its tests' tasks run no OpenMP region, whose runtime
-  # TSan does not see).
-  echo "== C++ Stream tests under ThreadSanitizer"
-  t=$SECONDS
-  cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_CPU_TSAN=ON -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null
-  cmake --build build/tsan -j "$JOBS" --target moe_cpu_tests | tail -n 1
-  TSAN_OPTIONS=halt_on_error=1 build/tsan/moe_cpu_tests --gtest_filter='Stream*' --gtest_brief=1 | tail -n 3
-  took TSan $t
   echo "== C++ tests, AArch64 cross build under qemu-aarch64 -cpu max, once per forced ISA level (two at a time)"
   t=$SECONDS
   cmake -S . -B build/arm -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
@@ -98,6 +91,21 @@ builds_lane() {
   # Armv8.0 CPU, and pytest subsets under the x86 ones (scripts/test_emulated.sh says what runs and what is left out).
   echo "== emulated CPUs (scripts/test_emulated.sh)"
   t=$SECONDS; bash scripts/test_emulated.sh; took "emulated CPUs" $t
+}
+# After the pytest levels, beside the lane's emulated CPUs: the Stream under TSan and the ASan extension.
+tsan_stage() {
+  local t
+  # The Stream's queue and hand-off under ThreadSanitizer (its tests' tasks run no OpenMP region, whose runtime
+  # TSan does not see).
+  echo "== C++ Stream tests under ThreadSanitizer"
+  t=$SECONDS
+  cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_CPU_TSAN=ON -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null
+  cmake --build build/tsan -j "$JOBS" --target moe_cpu_tests | tail -n 1
+  TSAN_OPTIONS=halt_on_error=1 build/tsan/moe_cpu_tests --gtest_filter='Stream*' --gtest_brief=1 | tail -n 3
+  took TSan $t
+}
+asan_extension_stage() {
+  local t
   # The DLPack import hands producers' memory to the core: its tests run against an ASan + UBSan build of the
   # extension (its own build dir and target). A Debug build: ASan checks every access at -O0 as well, and -O3 with
   # the sanitizers took 18 of CI's 64 minutes to compile.
@@ -110,7 +118,7 @@ builds_lane() {
   took "ASan extension" $t
 }
 LANE_LOG=build/lane_builds.log
-echo "== lane builds: ASan, TSan, AArch64, emulated CPUs, the ASan extension (log: $LANE_LOG)"
+echo "== lane builds: ASan, AArch64, emulated CPUs (log: $LANE_LOG)"
 ( builds_lane ) > "$LANE_LOG" 2>&1 &
 LANE=$!
 trap 'kill $LANE 2>/dev/null || true' EXIT
@@ -155,6 +163,8 @@ for level in $LEVELS; do
   took "pytest $level" $t
 done
 
+tsan_stage
+asan_extension_stage
 echo "== waiting for lane builds"
 rc=0; wait $LANE || rc=$?
 trap - EXIT

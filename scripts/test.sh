@@ -26,9 +26,13 @@ install_if_changed() {
     echo "== install: nothing changed since the last install ($STAMP)"; return
   fi
   echo "== install (incremental build in build/py)"
-  python3 -m pip install -q --no-build-isolation --no-deps -C build-dir=build/py . 2>&1 \
-    | grep -v "Running pip as the 'root' user" || true
-  (cd tests && python3 -c "import moe_cpu") && touch "$STAMP"
+  local log rc=0
+  log=$(mktemp)
+  python3 -m pip install -q --no-build-isolation --no-deps -C build-dir=build/py . >"$log" 2>&1 || rc=$?
+  grep -v "Running pip as the 'root' user" "$log" || true
+  rm -f "$log"
+  [ $rc -eq 0 ] || { echo "the install failed ($rc): the stamp stays old" >&2; return 1; }
+  touch "$STAMP"
 }
 # Runs ctest on build dir $1 (more arguments: ctest's); prints its summary, or its whole log where a test failed.
 ctest_in() {

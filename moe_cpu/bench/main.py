@@ -16,6 +16,7 @@ Writes OUT/bench_moe.json and OUT/bench_moe.png (matplotlib, optional).
     moe-cpu bench --shapes qwen3-30b-a3b --experts 16 --m 1,4 --schemes int8_w8a8 --no-peers
     moe-cpu bench --kt-peer ...         # also kt-kernel (pip install kt-kernel==0.7.2 --no-deps)
     moe-cpu bench --amx-crossover ...   # AMX hosts: rows per expert from which the tiles win
+    moe-cpu bench --decode [--schemes ...] [--rounds 5]   # decode hot and cold beside the read bandwidth (decode.py)
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from .. import _core, api as moe_cpu
 from .amx import amx_crossover
+from .decode import DECODE_ROWS, decode_hot_cold
 from .kt_peer import kt_peer
 from .peaks import Peaks, peak_insn, tier
 from .peers import peers, torch_peer
@@ -199,6 +201,48 @@ def _m_list(s):
     return ms
 
 
+def _positive(name):
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: expected a positive integer, got {s!r}") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{name}: must be >= 1, got {v}")
+        return v
+    return parse
+
+
+def _decode_main(p, a, argv) -> int:
+    """``moe-cpu bench --decode``: hot / cold decode of every form (decode.py)."""
+    given = {x.split("=")[0] for x in argv}
+    if a.m or a.quick or a.gguf or a.kt_peer or a.amx_crossover or a.torch_peer_only:
+        p.error("--decode measures M = 1 alone: it takes --shapes, --schemes, --experts, --rounds and --out")
+    if "--schemes" not in given:
+        a.schemes = DECODE_ROWS
+    if "--shapes" not in given:
+        a.shapes = ["qwen3-30b-a3b"]
+    try:
+        check_plan(a)
+        for shape in a.shapes:  # cold needs experts that are not the previous call's
+            k, E = SHAPES[shape][3], a.experts or SHAPES[shape][4]
+            if E < 2 * k:
+                raise ValueError(f"--decode needs at least 2k = {2 * k} experts for {shape} (cold calls route to experts "
+                                 f"the previous call did not use), got --experts {E}")
+        os.makedirs(a.out, exist_ok=True)
+    except ValueError as e:
+        print(f"moe-cpu bench: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"moe-cpu bench: error: --out {a.out!r} cannot be created: {e.strerror}", file=sys.stderr)
+        return 2
+    rows = decode_hot_cold(np.random.default_rng(0), a.shapes, a.schemes, a.rounds, a.experts)
+    with open(os.path.join(a.out, "bench_decode.json"), "w") as f:
+        json.dump({"features": moe_cpu.cpu_features(), "rows": rows}, f, indent=1)
+    print(f"wrote {os.path.join(a.out, 'bench_decode.json')}")
+    return 0
+
+
 def main(argv=None) -> int:
     """Run the benchmark (``moe-cpu bench``); returns the exit status."""
     p = argparse.ArgumentParser(prog="moe-cpu bench", description=__doc__.splitlines()[0])
@@ -219,8 +263,15 @@ def main(argv=None) -> int:
     p.add_argument("--amx-crossover", action="store_true",
                    help="where AMX is active: the rows per expert from which the tiles beat their AVX-512 twins "
                         "(--schemes, --experts, default 16)")
+    p.add_argument("--decode", action="store_true",
+                   help="only decode (M = 1), hot and cold beside the read bandwidth in the same rounds, for every form "
+                        "(default --schemes: " + ",".join(DECODE_ROWS) + "; --shapes default qwen3-30b-a3b); "
+                        "writes OUT/bench_decode.json")
+    p.add_argument("--rounds", type=_positive("--rounds"), default=5, help="--decode: rounds per form (default 5)")
     p.add_argument("--out", default="bench_out", help="output directory (default ./bench_out)")
     a = p.parse_args(argv)
+    if a.decode:
+        return _decode_main(p, a, sys.argv[1:] if argv is None else argv)
     if a.quick:
         a.shapes, a.m = ["qwen3-30b-a3b"], [1, 16, 256]
     if a.gguf:

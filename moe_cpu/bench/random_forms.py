@@ -11,6 +11,9 @@ from ..forms import IQ4_NL_VALUES, MXFP4_VALUES, UNSIGNED4
 # int4_g32 is the plain int4 kernel at the GGUF group size, the figure the int4 forms are held to.
 FORMS = {
     "int4_g32": ("int4_w4a8", 32, None, False),
+    "int4_pc": ("int4_w4a8", -1, None, False),
+    "q4_0": ("int4_w4a8", 32, None, False),
+    "q8_0": ("int8_w8a8", 32, None, False),
     "q4_k": ("int4_w4a8", 32, UNSIGNED4, True),
     "iq4_xs": ("int4_w4a8", 32, IQ4_NL_VALUES, False),
     "mxfp4": ("int4_w4a8", 32, MXFP4_VALUES, False),
@@ -18,6 +21,10 @@ FORMS = {
     "q5_k": ("int8_w8a8", 32, None, True),
 }
 GGUF_ROWS = ["int4_g32", "q4_k", "iq4_xs", "mxfp4", "int8_w8a8", "q6_k", "q5_k"]
+# Forms whose files hold fp16 scales (ggml's d): exact fp16 values, so the kernels read them as the loader packs them.
+HALF_SCALES = {"q4_0", "q8_0"}
+# The GGUF forms, which the loader packs with activation blocks of 32 (random_codes(..., gguf_blocks=True)).
+GGUF_FORMS = {"q4_0", "q8_0", "q4_k", "iq4_xs", "mxfp4", "q6_k", "q5_k"}
 
 
 def scheme_of(name: str) -> str:
@@ -41,27 +48,33 @@ def kquant_scales(rng, E, N, G, lo, hi):
     return np.ascontiguousarray((d * sc).reshape(E, N, runs * 8)[:, :, :G])
 
 
-# Super-block scale integers of the int4 forms whose files hold them (Q4_K: 6-bit, IQ4_XS: 6-bit - 32).
-KSCALES = {"q4_k": (0, 63), "iq4_xs": (-32, 31)}
+# Super-block scale integers of the forms whose files hold them (Q4_K, Q5_K: 6-bit, IQ4_XS: 6-bit - 32, Q6_K: int8).
+KSCALES = {"q4_k": (0, 63), "iq4_xs": (-32, 31), "q5_k": (0, 63), "q6_k": (-128, 127)}
 
 
-def random_codes(rng, scheme, E, N, K):
+def random_codes(rng, scheme, E, N, K, gguf_blocks=False):
     """Random codes and scales for `scheme`, as a function that packs them (values do not matter for
-    speed; no float32 copy). Timing that function times the packing alone."""
+    speed; no float32 copy). Timing that function times the packing alone. gguf_blocks: the GGUF forms with the
+    loader's activation blocks of 32 (else one activation scale per token)."""
     shape = (E, N, K)
     if scheme in FORMS:
         sch, g, cb, with_mins = FORMS[scheme]
-        s = (kquant_scales(rng, E, N, K // g, *KSCALES[scheme]) if scheme in KSCALES
-             else rng.random((E, N, K // g), dtype=np.float32) * 0.01)
-        m = kquant_mins(rng, E, N, K // g) if with_mins else None
+        G = 1 if g == -1 else K // g
+        s = (kquant_scales(rng, E, N, G, *KSCALES[scheme]) if scheme in KSCALES
+             else rng.random((E, N, G), dtype=np.float32) * 0.01)
+        if scheme in HALF_SCALES:
+            s = s.astype(np.float16).astype(np.float32)
+        m = kquant_mins(rng, E, N, G) if with_mins else None
+        ab = 32 if gguf_blocks and scheme in GGUF_FORMS else None
         if sch == "int8_w8a8":
-            q8 = rng.integers(-32, 32, shape, dtype=np.int8)
-            return lambda: api.pack_int8(q8, s, g, mins=m)
+            lim = {"q8_0": 128, "q5_k": 16}.get(scheme, 32)  # Q8_0: 8-bit codes, Q5_K: 5-bit, Q6_K: 6-bit
+            q8 = rng.integers(-lim, lim, shape, dtype=np.int16).astype(np.int8)
+            return lambda: api.pack_int8(q8, s, g, mins=m, act_block=ab)
         if cb is None:
             q4 = rng.integers(-8, 8, shape, dtype=np.int8)
-            return lambda: api.pack_int4(q4, s, g)
+            return lambda: api.pack_int4(q4, s, g, act_block=ab)
         u4 = rng.integers(0, 16, shape, dtype=np.uint8)
-        return lambda: api.pack_int4(u4, s, g, codebook=cb, mins=m)
+        return lambda: api.pack_int4(u4, s, g, codebook=cb, mins=m, act_block=ab)
     if scheme in ("int4_w4a8", "int4_w4a16"):
         g = 128 if K % 128 == 0 else 32
         q, s = rng.integers(-8, 8, shape, dtype=np.int8), rng.random((E, N, K // g), dtype=np.float32) * 0.01

@@ -11,7 +11,7 @@ import pytest
 
 import moe_cpu
 from moe_cpu import cli
-from moe_cpu.bench import kt_peer, peaks, peers
+from moe_cpu.bench import kt_peer, peaks, peers, random_forms
 
 pytestmark = pytest.mark.slow   # subprocesses / torch / mpirun: native level only, not in `test.sh quick`
 
@@ -208,3 +208,54 @@ def test_kt_peer_reports_a_module_this_cpu_cannot_run(monkeypatch, capsys):
         check_kt_rows(rows, 1, ("bf16",), (1,))
     else:
         assert rows == [] and "no usable module for this CPU: running AMXInt8_MOE of _kt_kernel_ext_amx died of SIGILL" in out
+
+
+def test_bench_decode_hot_and_cold_beside_the_bandwidth(tmp_path):
+    """--decode: one row per form, each with the read probe, cold and hot GB/s of the same rounds, and their ratios."""
+    forms = ("int4_w4a8", "q4_k", "q5_k", "bf16")
+    out = run_cli(tmp_path, "bench", "--decode", "--experts", "16", "--rounds", "2", "--schemes", ",".join(forms),
+                  "--out", str(tmp_path / "d"))
+    data = json.loads((tmp_path / "d" / "bench_decode.json").read_text())
+    assert "decode hot / cold" in out and "cold/min" in out
+    assert [r["form"] for r in data["rows"]] == list(forms)
+    kernels = moe_cpu.cpu_features()["kernels"]
+    for r in data["rows"]:
+        assert r["kernel"] == kernels[random_forms.scheme_of(r["form"])]
+        assert len(r["rounds"]["bw"]) == len(r["rounds"]["cold"]) == len(r["rounds"]["hot"]) == 2
+        assert r["bw_gbs"] > 0 and r["cold_gbs"] > 0 and r["hot_gbs"] > 0 and r["mb_per_call"] > 0
+        cold_min = [c / min(h, b) for c, h, b in zip(r["rounds"]["cold"], r["rounds"]["hot"], r["rounds"]["bw"])]
+        assert min(cold_min) <= r["cold_min"] <= max(cold_min)
+        assert f"{r['form']:11} {r['kernel']:18}" in out
+
+
+def test_random_forms_pack_as_the_gguf_loader_does():
+    """The bench's GGUF forms hold what the loader makes of the files: fp16 scales (Q4_0, Q8_0), integer scales and
+    mins (K-quants), 5- and 6-bit codes (Q5_K, Q6_K), activation blocks of 32; int4_pc one scale per channel."""
+    rng = np.random.default_rng(0)
+    make = lambda f: random_forms.random_codes(rng, f, 2, 32, 256, gguf_blocks=True)()
+    for f in ("q4_0", "q8_0"):
+        assert make(f).has_half_scales and make(f).act_block == 32
+    for f in ("q4_k", "q5_k", "q6_k", "iq4_xs"):
+        assert make(f).has_int_scales and make(f).act_block == 32, f
+    assert make("q4_k").has_int_mins and make("q5_k").has_mins
+    if moe_cpu.cpu_features()["kernels"]["int8_w8a8"].startswith("w8a8_avx2"):   # split codes: the AVX2 int8 kernel
+        assert make("q5_k").code_bits == 5 and make("q6_k").code_bits == 6
+    assert make("int4_pc").group_size == -1 and make("int4_w4a8").act_block is None
+    assert random_forms.random_codes(rng, "q4_k", 2, 32, 256)().act_block is None   # moe-cpu bench's rows: per token
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--experts", "12"], "--decode needs at least 2k = 16 experts"),
+    (["--experts", "-1"], "--experts -1 must be >= 0"),
+])
+def test_bench_decode_refuses_a_plan_before_measuring(tmp_path, capsys, args, says):
+    assert cli.main(["bench", "--decode", "--schemes", "bf16", "--out", str(tmp_path / "x"), *args]) == 2
+    out = capsys.readouterr()
+    assert says in out.err and "decode hot / cold" not in out.out
+
+
+@pytest.mark.parametrize("args", [["--m", "1"], ["--quick"], ["--rounds", "0"], ["--rounds", "x"]])
+def test_bench_decode_bad_arguments_exit_2(args):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--decode", *args])
+    assert e.value.code == 2

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts
 IQ4_NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 UNSIGNED = tuple(range(16))
+# A signed codebook at both int8 ends: -128 (whose negation wraps) and +127.
+SIGNED128 = (-128,) + IQ4_NL[1:15] + (127,)
 
 
 def kquant_mins(rng, E, N, G):
@@ -115,20 +117,24 @@ def test_fused_experts_matches_reference(rng, pair, M, a16):
     assert_close(got, want, "int4_w4a16" if a16 else "int4_w4a8", f"{pair} M={M}")
 
 
+@pytest.mark.parametrize("sign", [1, -1], ids=["x+", "x-"])
 @pytest.mark.parametrize("act_block", [None, 32])
 @pytest.mark.parametrize("M", [1, 3, 9])
-@pytest.mark.parametrize("codebook,code", [(MXFP4, 7), (MXFP4, 15), (IQ4_NL, 15), (IQ4_NL, 0), (UNSIGNED, 15)],
-                         ids=["mxfp4+12", "mxfp4-12", "iq4nl+113", "iq4nl-127", "unsigned15"])
-def test_largest_codes_times_largest_activations(rng, codebook, code, M, act_block):
-    """Every code of w13 at one extreme codebook value and every activation at +127 (one value per row): the
-    products of a group all have the largest size and one sign, so any int16 partial sum that could wrap shows
-    (the vpmaddubsw kernel summed 16 MXFP4 table bytes of 24 in int16, 48768 > 32767: a relative error of 1)."""
+@pytest.mark.parametrize("codebook,code", [(MXFP4, 7), (MXFP4, 15), (IQ4_NL, 15), (IQ4_NL, 0), (UNSIGNED, 15),
+                                           (SIGNED128, 0), (SIGNED128, 15)],
+                         ids=["mxfp4+12", "mxfp4-12", "iq4nl+113", "iq4nl-127", "unsigned15", "cb-128", "cb+127"])
+def test_largest_codes_times_largest_activations(rng, codebook, code, M, act_block, sign):
+    """Every code of w13 at one extreme codebook value and every activation at +127 or -127 (one value per row):
+    the products of a group all have the largest size and one sign, so any int16 partial sum that could wrap shows
+    (the vpmaddubsw kernel summed 16 MXFP4 table bytes of 24 in int16, 48768 > 32767: a relative error of 1), and
+    so would a negated -128 (the AVX2 decode moves the activation's sign onto the codebook value, except for a
+    codebook holding -128)."""
     E, H, I = 2, 128, 32
     q = np.full((E, 2 * I, H), code, np.uint8)
     s = np.full((E, 2 * I, H // 32), 1 / (16 * H), np.float32)
     w13 = moe_cpu.pack_int4(q, s, 32, codebook=codebook, act_block=act_block)
     w2 = moe_cpu.quantize_experts(rng.standard_normal((E, H, I)).astype(np.float32), "int8_w8a8", act_block=act_block)
-    x = np.ones((M, H), np.float32)
+    x = np.full((M, H), sign, np.float32)
     tw, ids = np.ones((M, 1), np.float32), np.zeros((M, 1), np.int32)
     got = moe_cpu.fused_experts(x, w13, w2, tw, ids)
     want = fused_experts_float64(x, w13.unpack(), w2.unpack(), tw, ids, "silu")

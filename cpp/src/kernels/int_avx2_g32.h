@@ -299,11 +299,24 @@ struct DecodeRow {
   }
 };
 
-// One row, column block b, on qword panels (int4 codes in groups of 32, plain or kSigned: |codebook| and the sign on
-// the activations): IntAvx2's decode, the same int32 per group and the same fp32 operations in the same order
-// (integer mins as its run term), so the same bits.
+// One row, column block b, on qword panels (int4 codes in groups of 32, plain or kSigned): IntAvx2's decode, the
+// same int32 per group and the same fp32 operations in the same order (integer mins as its run term), so the same
+// bits. kSigned multiplies |activation| by the codebook value with the activation's sign (kAbsY: one vpabsb per
+// step for every column instead of a |codebook| vpshufb per code vector; 2 * 127 * 127 < 2^15), or, for a codebook
+// holding -128 (whose negation wraps), |codebook| by the activation with the code's sign, as the row tiles do.
+template <int kBlk, bool kSigned, bool kAbsY>
+void int4_qword_decode_as(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c);
 template <int kBlk, bool kSigned>
 void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
+  if constexpr (kSigned) {
+    const __m256i cb = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codebook)));
+    if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(cb, _mm256_set1_epi8(char(-128)))) & 0xffff)
+      return int4_qword_decode_as<kBlk, true, false>(w, e, b, a, c);
+  }
+  int4_qword_decode_as<kBlk, kSigned, kSigned>(w, e, b, a, c);
+}
+template <int kBlk, bool kSigned, bool kAbsY>
+void int4_qword_decode_as(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
   const int64_t G = a.G;
   const uint8_t* pn = w.panel(e, b);
   const DecodeRow<kBlk> r(w, e, b, a);
@@ -334,7 +347,10 @@ void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b, const ActRo
           __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
           _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
             const __m256i bt = bcast8(r.y + gi * 32 + t * 8);
+            [[maybe_unused]] const __m256i at = kAbsY ? _mm256_abs_epi8(bt) : bt;
             const auto d = [&](__m256i u) __attribute__((always_inline)) {
+              if constexpr (kAbsY)
+                return _mm256_madd_epi16(_mm256_maddubs_epi16(at, _mm256_sign_epi8(_mm256_shuffle_epi8(table, u), bt)), ones);
               return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi8(abs_table, u),
                                                             _mm256_sign_epi8(bt, _mm256_shuffle_epi8(table, u))), ones);
             };

@@ -2,9 +2,10 @@
 
 Also against the reference / NumPy / torch peers (``--no-peers`` leaves them out) and kt-kernel (``--kt-peer``).
 The code lives in moe_cpu/bench/ so that the installed ``moe-cpu bench`` runs the same thing (its options below);
-this script only writes to bench/out/ by default (bench_moe.json, bench_moe.png). docs/performance.md.
+this script only writes to bench/out/ by default (bench_moe.json, bench_moe.png; bench_decode.json). docs/performance.md.
 
     python bench/bench_moe.py --quick
+    python bench/bench_moe.py --decode                    # decode hot and cold beside the read bandwidth, every form
     python bench/bench_moe.py --shapes qwen3-30b-a3b --experts 8 --m 1 --schemes int8_w8a8 --no-peers   # quick check
 """
 import os

@@ -17,7 +17,9 @@ Types (all lossless but F16 / F32; ``unpack()`` equals ``gguf.quants.dequantize`
   bf16 (rounded to nearest even, so F16 values with more than 8 significant bits change).
 gate and up (and each of w13 / w2) keep their own form when they agree, and become int8 (codes
 widened exactly) when they do not; w13 and w2 may differ (e.g. Q4_K gate/up with Q6_K down).
-Any other type raises ``ValueError("unsupported GGUF type <NAME> for tensor <name>")``; a d field
+Any other type raises ``ValueError("unsupported GGUF type <NAME> for tensor <name>")`` when the layer needs that tensor
+(types gguf-py does not know, such as ik_llama.cpp's, by ik's name and id); tensors the layer does not read may hold
+any type. A d field
 that is NaN or infinite, or a tensor whose bytes do not fit its type and shape, raises ValueError.
 """
 from __future__ import annotations
@@ -176,6 +178,61 @@ GGML_ACT_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "I
 ACT_BLOCK = {t: min(b, 32) for t, b in GGML_ACT_BLOCK.items()}
 
 
+# Type ids that gguf-py may not know, by the names ik_llama.cpp gives them (its ggml_type_name), for the errors of a
+# tensor moe_cpu cannot read. A file holding them elsewhere (an attention tensor in ik's Q6_0, say) still loads.
+_IK_TYPES = {
+    36: "I2_S", 41: "Q1_0_G128", 133: "Q6_0", 134: "IQ1_BN", 135: "IQ2_BN", 136: "Q8_K64", 137: "IQ2_K", 138: "IQ3_K",
+    139: "IQ4_K", 140: "IQ5_K", 141: "IQ6_K", 144: "IQ4_KS", 145: "IQ2_KS", 146: "IQ4_KSS", 147: "Q8_K16",
+    148: "Q8_K32", 149: "Q8_KR8", 150: "Q8_K128", 151: "Q8_KV", 152: "IQ5_KS", 153: "IQ2_KT", 154: "IQ3_KT",
+    155: "IQ4_KT", 156: "IQ3_KS", 157: "IQ2_KL", 158: "IQ1_KT", 202: "Q4_0_R8", 206: "Q5_0_R4", 208: "Q8_0_R8",
+    210: "Q2_K_R4", 211: "Q3_K_R4", 212: "Q4_K_R4", 213: "Q5_K_R4", 214: "Q6_K_R4", 216: "IQ2_XXS_R4",
+    217: "IQ2_XS_R4", 218: "IQ3_XXS_R4", 219: "IQ1_S_R4", 220: "IQ4_NL_R4", 221: "IQ3_S_R4", 222: "IQ2_S_R4",
+    223: "IQ4_XS_R8", 229: "IQ1_M_R4", 230: "BF16_R16", 233: "Q6_0_R4",
+}
+
+
+class _ForeignType:
+    """The type of a tensor whose type id gguf-py does not know: its name (ik_llama.cpp's where known) and id."""
+
+    def __init__(self, tid: int):
+        self.value = tid
+        self.name = _IK_TYPES.get(tid, f"type id {tid}")
+
+    def describe(self) -> str:
+        return (f"{self.name} (type id {self.value}, an ik_llama.cpp type)" if self.value in _IK_TYPES
+                else f"{self.name} (unknown to gguf-py and to ik_llama.cpp)")
+
+
+class _ForeignTensor:
+    """A tensor of a type gguf-py cannot size: name, type and shape only (moe_cpu refuses it if a layer needs it)."""
+
+    def __init__(self, name: str, tid: int, dims: np.ndarray):
+        self.name, self.tensor_type, self.shape = name, _ForeignType(tid), dims
+
+
+def _reader(path: str) -> Any:
+    """gguf's GGUFReader for ``path``, keeping tensors of type ids gguf-py does not know as _ForeignTensor entries
+    instead of refusing the whole file (the other tensors' data are located by their own offsets)."""
+    from gguf import GGML_QUANT_SIZES, GGUFReader
+
+    known = {int(t) for t in GGML_QUANT_SIZES}
+
+    class Reader(GGUFReader):
+        def _build_tensors(self, start_offs: int, fields: list) -> None:
+            ours = [f for f in fields if int(f.parts[4][0]) in known]
+            super()._build_tensors(start_offs, ours)
+            names = {t.name for t in self.tensors}
+            for f in fields:
+                if int(f.parts[4][0]) not in known:
+                    name = str(bytes(f.parts[1]), encoding="utf-8")
+                    if name in names:
+                        raise ValueError(f"Found duplicated tensor with name {name}")
+                    names.add(name)
+                    self.tensors.append(_ForeignTensor(name, int(f.parts[4][0]), f.parts[3]))
+
+    return Reader(path, "r")
+
+
 def _type(t: Any) -> str:
     return t.tensor_type.name
 
@@ -212,11 +269,11 @@ class _File:
 
     def __init__(self, path: str):
         try:
-            from gguf import GGUFReader
+            import gguf  # noqa: F401
         except ImportError:
             raise ImportError("loading .gguf files needs llama.cpp's 'gguf' package (pip install gguf)") from None
         try:
-            self.r = GGUFReader(path, "r")
+            self.r = _reader(path)
         except Exception as err:   # gguf raises ValueError / struct.error / others on bad files
             raise ValueError(f"{path}: not a readable GGUF file ({err})") from None
         self.path = path
@@ -237,7 +294,8 @@ class _File:
             raise ValueError(f"missing tensor {name}{' (' + what + ')' if what else ''} in {self.path}")
         typ = _type(t)
         if typ not in _QUANT and typ not in _FLOAT:
-            raise ValueError(f"unsupported GGUF type {typ} for tensor {name}: moe_cpu reads "
+            what = t.tensor_type.describe() if isinstance(t, _ForeignTensor) else typ
+            raise ValueError(f"unsupported GGUF type {what} for tensor {name}: moe_cpu reads "
                              f"{', '.join(list(_QUANT) + list(_FLOAT))}")
         got = tuple(int(x) for x in t.shape)
         if typ in _QUANT and got and got[0] % _QUANT[typ][2]:

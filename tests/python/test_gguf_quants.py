@@ -258,3 +258,30 @@ def test_cli_convert_then_run(tmp_path, rng, types):
         line = [s for s in run.stdout.splitlines() if "relative L2 error" in s][0]
         err = float(line.split("float64 ")[1].split(",")[0])
         assert 0 < err < 0.05, line          # W4A8 / W8A8 against the dequantized float64 layer
+
+
+def _retyped(path, name, tid):
+    """The GGUF file at path with tensor ``name``'s type id set to ``tid`` in its tensor info (data left as it was)."""
+    data = bytearray(path.read_bytes())
+    key = name.encode()
+    at = data.find(struct.pack("<Q", len(key)) + key) + 8 + len(key)   # tensor info: name, n_dims, ne[], type, offset
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    struct.pack_into("<I", data, at + 4 + 8 * n_dims, tid)
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("tid", [133, 250], ids=["ik_Q6_0", "unknown_id"])
+def test_types_gguf_py_does_not_know_load_where_the_layer_does_not_read_them(tmp_path, rng, tid):
+    """A tensor of a type id gguf-py does not know (ik_llama.cpp's Q6_0 is 133; 250 is nobody's) outside the loaded
+    layer leaves the layer loading, bit for bit; in one of the layer's expert tensors it is a ValueError naming the
+    tensor, the type (ik's name and id where ik has one) and the types moe_cpu reads."""
+    path, keep = moe_file(tmp_path, rng, ("Q4_K", "Q4_K", "Q6_K"))
+    _retyped(path, "blk.0.ffn_down_exps.weight", tid)
+    _retyped(path, "blk.2.ffn_gate_inp.weight", tid)
+    with pytest.raises(ValueError, match="is not a valid GGMLQuantizationType"):
+        gguf.GGUFReader(str(path))   # gguf-py's own reader refuses the whole file
+    check_layer(rng, load_layer(path, L), keep, 5)
+    _retyped(path, f"blk.{L}.ffn_down_exps.weight", tid)
+    what = "Q6_0 (type id 133, an ik_llama.cpp type)" if tid == 133 else "type id 250 (unknown to gguf-py and to ik"
+    assert_load_raises(tmp_path, path, None, "retyped", [f"blk.{L}.ffn_down_exps.weight", what, "moe_cpu reads Q4_0"])

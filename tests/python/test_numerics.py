@@ -408,3 +408,38 @@ def test_rows_with_every_id_skipped_are_zero(rng, name):
     out = np.full_like(x, np.nan)
     moe_cpu.fused_experts(x, w13p, w2p, tw, ids, out=out)
     assert np.all(out == 0)
+
+
+# ---------------------------------------------------------------- decode: GEMM2 tasks in GEMM1's team call
+@pytest.mark.parametrize("name", ALL)
+def test_decode_gemm2_follows_gemm1_per_expert(rng, name):
+    """Decode (every expert <= 4 rows) runs each expert's GEMM2 tasks as soon as its GEMM1 activations are written,
+    in the same team call: against the reference, the same bits on 1, 2 and 3 threads (3 on a 2-core host:
+    a preempted GEMM1 task), and a non-finite w13 bias of the last routed expert, or an activation that overflows,
+    raise ValueError instead of leaving GEMM2 tasks waiting."""
+    H, I = _shape(name)
+    E, k = 12, 6
+    cfg = SCHEME_CONFIGS[name]
+    w13r, w13p, w2r, w2p = make_moe(rng, cfg, E, H, I)
+    x = make_input(rng, 2, H)
+    tw, ids = make_routing(rng, 2, E, k)
+    saved, outs = moe_cpu.get_num_threads(), []
+    try:
+        for threads in (1, 2, 3):
+            moe_cpu.set_num_threads(threads)
+            outs.append(moe_cpu.fused_experts(x, w13p, w2p, tw, ids))
+        assert_close(outs[0], ref.fused_experts_ref(x, w13r, w2r, tw, ids), cfg["scheme"], name)
+        for o in outs[1:]:
+            np.testing.assert_array_equal(o, outs[0])
+        b13 = np.zeros((E, 2 * I), np.float32)
+        last = int(ids.max())
+        b13[last, 3] = np.inf
+        for threads in (1, 2, 3):
+            moe_cpu.set_num_threads(threads)
+            with pytest.raises(ValueError, match=rf"w13_bias\[{last}, 3\] = inf"):
+                moe_cpu.fused_experts(x, w13p, w2p, tw, ids, w13_bias=b13)
+            if cfg["scheme"] in ("int4_w4a8", "int8_w8a8", "int4_w4a16", "int8_w8a16"):
+                with pytest.raises(ValueError, match="non-finite activation output cannot be quantized"):
+                    moe_cpu.fused_experts(x, w13p, w2p, tw, ids, w13_bias=np.full((E, 2 * I), 3e38, np.float32))
+    finally:
+        moe_cpu.set_num_threads(saved)

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "common/layout.h"
@@ -129,17 +130,33 @@ std::vector<Task> tasks_for(const std::vector<int64_t>& begin, int64_t blocks) {
 // (expert, column tile) tasks. Each task then runs epilogue(e, p, out + p * N, n0, n1) on each of
 // its rows p for its columns [n0, n1), while the tile is still in cache.
 template <class Epilogue>
+void gemm_task(const PackedExperts& w, const Task& t, const std::vector<int64_t>& begin, const ActBuffer& acts,
+               const int32_t* row_idx, float* out, Epilogue& epilogue) {
+  const int64_t N = w.out_features, p0 = begin[size_t(t.e)], p1 = begin[size_t(t.e + 1)];
+  w.kernel->gemm(w, t.e, t.b0, t.b1, acts.view(row_idx + p0, p1 - p0), out + p0 * N + 16 * t.b0, N);
+  const int64_t n0 = 16 * t.b0, n1 = std::min(N, 16 * t.b1);
+  for (int64_t p = p0; p < p1; ++p) epilogue(t.e, p, out + p * N, n0, n1);
+}
+template <class Epilogue>
 void run_gemm(const PackedExperts& w, const std::vector<int64_t>& begin, const ActBuffer& acts,
               const int32_t* row_idx, float* out, Epilogue&& epilogue) {
-  const int64_t N = w.out_features;
   const std::vector<Task> tasks = tasks_for(begin, w.num_blocks());
-  parallel_for(int64_t(tasks.size()), [&](int64_t i) {
-    const Task& t = tasks[size_t(i)];
-    const int64_t p0 = begin[size_t(t.e)], p1 = begin[size_t(t.e + 1)];
-    w.kernel->gemm(w, t.e, t.b0, t.b1, acts.view(row_idx + p0, p1 - p0), out + p0 * N + 16 * t.b0, N);
-    const int64_t n0 = 16 * t.b0, n1 = std::min(N, 16 * t.b1);
-    for (int64_t p = p0; p < p1; ++p) epilogue(t.e, p, out + p * N, n0, n1);
-  });
+  parallel_for(int64_t(tasks.size()), [&](int64_t i) { gemm_task(w, tasks[size_t(i)], begin, acts, row_idx, out, epilogue); });
+}
+
+// Whether every expert has at most kStreamRows rows (decode): GEMM2's tasks then follow GEMM1's in one team call.
+bool streams(const std::vector<int64_t>& begin) {
+  for (size_t e = 0; e + 1 < begin.size(); ++e)
+    if (begin[e + 1] - begin[e] > kStreamRows) return false;
+  return true;
+}
+
+inline void spin_pause() {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
 }
 
 // A per-worker fp32 buffer of n floats (thread-local, reused); `slot` 0 for rows, 1 for GEMM1
@@ -183,8 +200,14 @@ ActRows task_rows(const PackedExperts& w, const ActBuffer& src, const int32_t* i
 // that fit L2, adds the bias and applies the activation to each piece. bf16 / fp8: it writes the
 // bf16 GEMM2 activations. Int schemes: it writes the fp32 values to h [P, I] and each row's amax
 // over the piece; the task that finishes an expert's last tile quantizes that expert's rows.
+// Then (next_n > 0) next_n more tasks in the same team call: next(j, e_ready), GEMM2's tasks on decode, whose
+// e_ready(e) waits until expert e's GEMM2 activations are written (false: a GEMM1 task failed). Tasks are claimed in
+// index order, so a GEMM2 task waits only on GEMM1 tasks already running; the barrier between the two GEMMs goes,
+// and a thread that ends its GEMM1 share streams GEMM2's weights instead of waiting for the slowest.
+template <class Next>
 void run_gemm1(const FusedMoeArgs& a, const std::vector<int64_t>& begin, const ActBuffer& a1,
-               const int32_t* a1_idx, ActBuffer& a2, float* h, std::vector<uint32_t>& amax) {
+               const int32_t* a1_idx, ActBuffer& a2, float* h, std::vector<uint32_t>& amax, int64_t next_n,
+               Next&& next) {
   const PackedExperts& w = *a.w13;
   const int64_t E = w.num_experts, I = a.w2->in_features, N1 = 2 * I;
   const bool il = gate_up_interleaved(a.activation), int_scheme = is_int_scheme(w.scheme);
@@ -192,9 +215,20 @@ void run_gemm1(const FusedMoeArgs& a, const std::vector<int64_t>& begin, const A
   const int64_t T = tasks.empty() ? 0 : (tasks[0].b1 - tasks[0].b0);  // tile width in blocks
   const int64_t tiles = T ? ((I + 15) / 16 + T - 1) / T : 0;         // tiles per expert
   std::unique_ptr<std::atomic<int64_t>[]> left(new std::atomic<int64_t>[size_t(E)]);
-  for (int64_t e = 0; e < E; ++e) left[size_t(e)].store(tiles, std::memory_order_relaxed);
+  std::unique_ptr<std::atomic<int>[]> ready(new std::atomic<int>[size_t(E)]);
+  for (int64_t e = 0; e < E; ++e) left[size_t(e)].store(tiles, std::memory_order_relaxed), ready[size_t(e)].store(0, std::memory_order_relaxed);
+  std::atomic<bool> failed{false};
   if (int_scheme) amax.assign(size_t(begin[size_t(E)] * tiles), 0);
-  parallel_for(int64_t(tasks.size()), [&](int64_t i) {
+  const int64_t n1 = int64_t(tasks.size());
+  const auto e_ready = [&](int64_t e) {
+    for (int64_t spins = 0; !ready[size_t(e)].load(std::memory_order_acquire); ++spins) {
+      if (failed.load(std::memory_order_relaxed)) return false;
+      if (spins < 4096) spin_pause();
+      else std::this_thread::yield();   // the GEMM1 task's thread may have been preempted
+    }
+    return true;
+  };
+  const auto task = [&](int64_t i) {
     const Task& t = tasks[size_t(i)];
     const int64_t p0 = begin[size_t(t.e)], R = begin[size_t(t.e + 1)] - p0, ti = t.b0 / T;
     const ActRows rows = task_rows(w, a1, a1_idx + p0, R);
@@ -242,28 +276,41 @@ void run_gemm1(const FusedMoeArgs& a, const std::vector<int64_t>& begin, const A
         amax[size_t(p * tiles + ti)] = m;
       }
     }
-    if (!int_scheme || left[size_t(t.e)].fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    for (int64_t p = p0; p < p0 + R; ++p) {  // the expert's last tile: quantize its rows
-      uint32_t m = 0;
-      for (int64_t j = 0; j < tiles; ++j) m = std::max(m, amax[size_t(p * tiles + j)]);
-      if (m > 0x7f7fffffu)
-        throw ValueError(msg("non-finite activation output cannot be quantized to ", a2.a16 ? "int16" : "int8",
-                             " (check the inputs and weights for overflow)"));
-      a2.set_int_row(p, h + p * I, bits_to_float(m));
+    if (left[size_t(t.e)].fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    if (int_scheme)
+      for (int64_t p = p0; p < p0 + R; ++p) {  // the expert's last tile: quantize its rows
+        uint32_t m = 0;
+        for (int64_t j = 0; j < tiles; ++j) m = std::max(m, amax[size_t(p * tiles + j)]);
+        if (m > 0x7f7fffffu)
+          throw ValueError(msg("non-finite activation output cannot be quantized to ", a2.a16 ? "int16" : "int8",
+                               " (check the inputs and weights for overflow)"));
+        a2.set_int_row(p, h + p * I, bits_to_float(m));
+      }
+    ready[size_t(t.e)].store(1, std::memory_order_release);
+  };
+  parallel_for(n1 + next_n, [&](int64_t i) {
+    if (i >= n1) return next(i - n1, e_ready);
+    try {
+      task(i);
+    } catch (...) {
+      failed.store(true, std::memory_order_relaxed);
+      throw;
     }
   });
 }
 
 // Per-calling-thread scratch, kept between calls so that large buffers are not faulted in anew.
-// c holds GEMM1's activations [P, I] (int schemes), then (once quantized) GEMM2's output [P, H];
+// c holds GEMM1's activations [P, I] (int schemes), then (once quantized) GEMM2's output [P, H], which on decode
+// goes to c2 instead (GEMM2's tasks run while other experts' GEMM1 tasks still write c);
 // amax the int schemes' per (row, GEMM1 tile) amax bits.
 struct Scratch {
   ActBuffer a1, a2, ap;  // ap: GEMM1 or GEMM2 activations per routed row in each expert's k_perm order
-  std::vector<float> c;
+  std::vector<float> c, c2;  // c2: GEMM2's output on decode, where c still holds GEMM1's
   std::vector<uint32_t> amax;
 };
 
-// One chunk of tokens [m0, m1): every phase runs over all experts before the next one starts.
+// One chunk of tokens [m0, m1): every phase runs over all experts before the next one starts, but on decode GEMM2's
+// tasks, which start per expert as soon as its activations are written (run_gemm1).
 void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m0, int64_t m1) {
   thread_local Scratch scratch;
   ActBuffer &a1 = scratch.a1, &a2 = scratch.a2;
@@ -337,12 +384,10 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   // activations go to c [P, I] first).
   c.resize(static_cast<size_t>(P * std::max(I, H)));
   a2.reset(w2, P);
-  run_gemm1(a, begin, g1, perm1 ? iota.data() : a1_idx.data(), a2, c.data(), scratch.amax);
   // 4. GEMM2 into c [P, H] (GEMM1's output is dead: a2 holds what GEMM2 reads).
   float* c2 = c.data();
   // GEMM2 epilogue: (+ bias) * router weight (1 when it scaled the input).
-  const ActBuffer& g2 = w2.has_k_perm() && P > 0 ? permuted(w2, a2, iota.data()) : a2;
-  run_gemm(w2, begin, g2, iota.data(), c2, [&](int64_t e, int64_t p, float* y, int64_t n0, int64_t n1) {
+  const auto epilogue2 = [&](int64_t e, int64_t p, float* y, int64_t n0, int64_t n1) {
     const float wr = a.apply_router_weight_on_input ? 1.f : a.topk_weights[m0 * k + slot_of[size_t(p)]];
     const float* bias = a.w2_bias ? a.w2_bias + e * H : nullptr;
     if (bias) {
@@ -352,7 +397,24 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
     } else {
       for (int64_t n = n0; n < n1; ++n) y[n] *= wr;
     }
-  });
+  };
+  const int32_t* idx1 = perm1 ? iota.data() : a1_idx.data();
+  if (!w2.has_k_perm() && streams(begin)) {  // decode: GEMM2's tasks in GEMM1's team call (its rows: P <= E * 4)
+    // c holds GEMM1's fp32 activations [P, I] (int schemes) until each expert is quantized, so GEMM2 writes
+    // its [P, H] rows to a buffer of its own.
+    std::vector<float>& c2buf = scratch.c2;
+    c2buf.resize(size_t(P * H));
+    c2 = c2buf.data();
+    const std::vector<Task> tasks2 = tasks_for(begin, w2.num_blocks());
+    run_gemm1(a, begin, g1, idx1, a2, c.data(), scratch.amax, int64_t(tasks2.size()), [&](int64_t j, auto& e_ready) {
+      const Task& t = tasks2[size_t(j)];
+      if (e_ready(t.e)) gemm_task(w2, t, begin, a2, iota.data(), c2, epilogue2);
+    });
+  } else {
+    run_gemm1(a, begin, g1, idx1, a2, c.data(), scratch.amax, 0, [](int64_t, auto&) {});
+    const ActBuffer& g2 = w2.has_k_perm() && P > 0 ? permuted(w2, a2, iota.data()) : a2;
+    run_gemm(w2, begin, g2, iota.data(), c2, epilogue2);
+  }
   // 5. Per token: its rows summed over j in order, rounded once.
   parallel_for(m1 - m0, [&](int64_t r) {
     const int64_t m = m0 + r;

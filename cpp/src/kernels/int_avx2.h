@@ -343,6 +343,12 @@ struct IntAvx2 {
             _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) a16[0][h] = _mm256_setzero_si256();
             _Pragma("GCC unroll 4") for (int q = 0; q < kChunk; ++q) step_at(s0 + q);
             _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) acc[0][h] = _mm256_add_epi32(acc[0][h], _mm256_madd_epi16(a16[0][h], ones));
+          } else if (MR == 1 && s1 - s0 == 2 * kChunk) {  // decode, two chunks (MXFP4's table bytes in groups of 32)
+            _Pragma("GCC unroll 2") for (int ch = 0; ch < 2; ++ch) {
+              _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) a16[0][h] = _mm256_setzero_si256();
+              _Pragma("GCC unroll 4") for (int q = 0; q < kChunk; ++q) step_at(s0 + ch * kChunk + q);
+              _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) acc[0][h] = _mm256_add_epi32(acc[0][h], _mm256_madd_epi16(a16[0][h], ones));
+            }
           } else
           for (int64_t q0 = s0; q0 < s1; q0 += kChunk) {
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)

@@ -11,7 +11,8 @@ What it runs
     where they fit, to time the kernels' compute). The workers take turns, a batch of calls each
     (the order flips every round), so both see the same phase of the host's memory bandwidth, which on these VMs
     moves by up to 30% within minutes; per-process alternation (load, run, exit) spread 10-20% where this
-    spreads 1-2%.
+    spreads 1-2%. ``--layer`` (GGUF cases): the whole ``MoELayer`` call instead, router and top-k included, on 16
+    inputs in turn, as bench/ik_peer.py times moe_cpu.
 
 What it prints
     Per case: the median over rounds of new / old (each round's median call), its quartiles, and both medians (ms).
@@ -41,6 +42,7 @@ import numpy as np
 import moe_cpu
 from moe_cpu.bench.timing import routing_pool
 case, M, threads, hot, E = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "hot", int(sys.argv[5])
+whole = sys.argv[6] == "layer"
 rng = np.random.default_rng(0)
 if not case.endswith(".gguf"):
     from moe_cpu.bench.random_forms import random_block
@@ -49,23 +51,27 @@ else:
     layer = moe_cpu.MoELayer.from_pretrained(case, layer_idx=0)
     w13, w2 = layer.w13, layer.w2
     E = w13.num_experts
-x = rng.standard_normal((M, 2048)).astype(np.float32)
+H = w13.in_features
+x = rng.standard_normal((M, H)).astype(np.float32)
 pool = routing_pool(rng, E, 8, M)
 if hot:
     pool = pool[:1]   # the same experts every call: L3-resident where they fit (compute-bound decode)
 moe_cpu.set_num_threads(threads)
+if whole:   # the layer's call, router included, on 16 inputs in turn (hot: one)
+    xs = [rng.standard_normal((M, H)).astype(np.float32) for _ in range(1 if hot else 16)]
+    run = lambda i: layer(xs[i % len(xs)])
+else:
+    run = lambda i: moe_cpu.fused_experts(x, w13, w2, pool[i % len(pool)][1], pool[i % len(pool)][0])
 calls = 150 if M == 1 else 4
 i = 0
 print("ready", flush=True)
 for _ in sys.stdin:
     for _ in range(10 if M == 1 else 1):
-        ids, tw = pool[i % len(pool)]; i += 1
-        moe_cpu.fused_experts(x, w13, w2, tw, ids)
+        run(i); i += 1
     ts = []
     for _ in range(calls):
-        ids, tw = pool[i % len(pool)]; i += 1
         t0 = time.perf_counter()
-        moe_cpu.fused_experts(x, w13, w2, tw, ids)
+        run(i); i += 1
         ts.append(time.perf_counter() - t0)
     print(float(np.median(ts)) * 1e3, flush=True)
 '''
@@ -105,6 +111,9 @@ def main(argv=None) -> int:
     ap.add_argument("--new-env", default="", help="NAME=VALUE[,...] for the new worker only")
     ap.add_argument("--hot", action="store_true",
                     help="route every call to the same experts (cache-resident where they fit) instead of a cold pool")
+    ap.add_argument("--layer", action="store_true",
+                    help="time the GGUF cases' whole MoELayer call (router, top-k and experts, as bench/ik_peer.py "
+                         "does) on 16 inputs in turn, instead of fused_experts on a routing pool")
     ap.add_argument("--work-dir", default="/tmp/ik_peer_models", help="bench/ik_peer.py's GGUF cache")
     ap.add_argument("--experts", type=int, default=128,
                     help="experts of the random blocks (default 128, as the GGUF files; at least top-k 8)")
@@ -122,6 +131,8 @@ def main(argv=None) -> int:
         ap.error(str(e))
     cases = {}   # case -> what the workers load: a scheme / form name, or a GGUF file
     for case in a.cases.split(","):
+        if case in RANDOM and a.layer:
+            ap.error(f"--layer times a GGUF file's MoELayer: --cases {case} is a random block without a router")
         if case in RANDOM:
             cases[case] = case
         elif os.path.isfile(gguf_file(a.work_dir, case)):
@@ -130,7 +141,8 @@ def main(argv=None) -> int:
             ap.error(f"--cases {case}: neither a scheme / form ({', '.join(RANDOM)}) nor a GGUF type with a file in "
                      f"{a.work_dir} (bench/ik_peer.py --prepare-only --types {case} writes it)")
     print(f"# old {a.old} {a.old_env}  new {a.new} {a.new_env}  M {a.m}, {a.threads} threads, "
-          f"isa {a.isa or 'native'}, {a.rounds} rounds{', hot' if a.hot else ''}", flush=True)
+          f"isa {a.isa or 'native'}, {a.rounds} rounds{', hot' if a.hot else ''}{', whole layer' if a.layer else ''}",
+          flush=True)
     for case, what in cases.items():
         procs = {}
         for v, path in (("old", a.old), ("new", a.new)):
@@ -138,7 +150,7 @@ def main(argv=None) -> int:
             if a.isa:
                 env["MOE_CPU_ISA"] = a.isa
             procs[v] = subprocess.Popen([sys.executable, "-c", WORKER, what, str(a.m), str(a.threads),
-                                         "hot" if a.hot else "cold", str(a.experts)],
+                                         "hot" if a.hot else "cold", str(a.experts), "layer" if a.layer else "experts"],
                                         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
         try:
             for v, p in procs.items():

@@ -229,6 +229,19 @@ def test_builds_ab_refuses_an_unknown_case(tmp_path):
     assert_one_line_refusal(out, "--cases Q9_9: neither a scheme / form")
 
 
+def test_builds_ab_times_whole_layers_of_gguf_files(tmp_path):
+    """--layer: each worker times a GGUF file's MoELayer call (router included); random blocks have no router."""
+    from test_gguf_quants import moe_file
+    import numpy as np
+    path, _ = moe_file(tmp_path, np.random.default_rng(0), ("Q4_0",) * 3, E=8)
+    os.rename(path, tmp_path / "q_H2048_E128_I768_k8_s0_f16_Q4_0.gguf")   # the name of ik_peer.py's cache
+    out = run("builds_ab.py", ["--old", site(), "--new", site(), "--cases", "Q4_0", "--layer", "--rounds", "2",
+                               "--work-dir", str(tmp_path)], tmp_path)
+    assert out.returncode == 0 and "whole layer" in out.stdout and "Q4_0       new/old" in out.stdout, out.stderr
+    out = run("builds_ab.py", ["--old", site(), "--new", site(), "--cases", "int8_w8a8", "--layer"], tmp_path)
+    assert_one_line_refusal(out, "--cases int8_w8a8 is a random block without a router")
+
+
 @pytest.mark.skipif(has("kt_kernel"), reason="kt-kernel is installed here")
 def test_stream_overlap_refuses_a_missing_kt_peer(tmp_path):
     assert_one_line_refusal(run("stream_overlap.py", ["--kt-peer"], tmp_path), "kt-kernel is not installed")

@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from .. import _core, api as moe_cpu
+from .._argtypes import at_least
 from .amx import amx_crossover
 from .decode import DECODE_ROWS, decode_hot_cold
 from .kt_peer import kt_peer
@@ -201,18 +202,6 @@ def _m_list(s):
     return ms
 
 
-def _positive(name):
-    def parse(s):
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name}: expected a positive integer, got {s!r}") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{name}: must be >= 1, got {v}")
-        return v
-    return parse
-
-
 def _decode_main(p, a, argv) -> int:
     """``moe-cpu bench --decode``: hot / cold decode of every form (decode.py)."""
     given = {x.split("=")[0] for x in argv}
@@ -267,7 +256,7 @@ def main(argv=None) -> int:
                    help="only decode (M = 1), hot and cold beside the read bandwidth in the same rounds, for every form "
                         "(default --schemes: " + ",".join(DECODE_ROWS) + "; --shapes default qwen3-30b-a3b); "
                         "writes OUT/bench_decode.json")
-    p.add_argument("--rounds", type=_positive("--rounds"), default=5, help="--decode: rounds per form (default 5)")
+    p.add_argument("--rounds", type=at_least(1, int, "a positive integer"), default=5, help="--decode: rounds per form (default 5)")
     p.add_argument("--out", default="bench_out", help="output directory (default ./bench_out)")
     a = p.parse_args(argv)
     if a.decode:

@@ -424,7 +424,7 @@ template <int NJ, int ND>
 void int8_avx2_g32_gemm(int P, const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                         int64_t ldc);
 template <int kBlk, bool kSigned>
-void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c);  // int_avx2_g32.h
+void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c);  // int_avx2_g32.h
 
 // The int4 GEMM of dot D with codes C: groups of 32 in IntAvx2G32's row tiles where they fit, else IntAvx2.
 template <IntDot D, Codes C, int MR, int NJ, int ND, int kBlk>
@@ -433,10 +433,7 @@ void int4_avx2_code_form_gemm(const PackedExperts& w, int64_t e, int64_t b0, int
   if constexpr (D == IntDot::kMaddubs && kBlk <= 1 && (C == Codes::kPlain || C == Codes::kSigned))
     if (w.qword_panels) {  // (derive_qword_panels: groups of 32 along K, so row tiles always fit IntAvx2G32's)
       constexpr bool kS = C == Codes::kSigned;
-      if (a.rows == 1) {
-        for (int64_t b = b0; b < b1; ++b) int4_qword_decode<kBlk, kS>(w, e, b, a, c + (b - b0) * 16);
-        return;
-      }
+      if (a.rows == 1) return int4_qword_decode<kBlk, kS>(w, e, b0, b1, a, c);
       return drive_g32<true, kS ? Codes::kQwordSigned : Codes::kQword, kBlk, 2>(w, e, b0, b1, a, c, ldc);
     }
   if constexpr (D == IntDot::kMaddubs && kBlk <= 1)

@@ -305,18 +305,18 @@ struct DecodeRow {
 // step for every column instead of a |codebook| vpshufb per code vector; 2 * 127 * 127 < 2^15), or, for a codebook
 // holding -128 (whose negation wraps), |codebook| by the activation with the code's sign, as the row tiles do.
 template <int kBlk, bool kSigned, bool kAbsY>
-void int4_qword_decode_as(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c);
+void int4_qword_decode_block(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c);
+// Blocks [b0, b1) of one row, output block b at c + (b - b0) * 16; the codebook's form chosen once per call.
 template <int kBlk, bool kSigned>
-void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
-  if constexpr (kSigned) {
-    const __m256i cb = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codebook)));
-    if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(cb, _mm256_set1_epi8(char(-128)))) & 0xffff)
-      return int4_qword_decode_as<kBlk, true, false>(w, e, b, a, c);
-  }
-  int4_qword_decode_as<kBlk, kSigned, kSigned>(w, e, b, a, c);
+void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c) {
+  const auto blocks = [&](auto abs_y) {
+    for (int64_t b = b0; b < b1; ++b) int4_qword_decode_block<kBlk, kSigned, decltype(abs_y)::value>(w, e, b, a, c + (b - b0) * 16);
+  };
+  if (kSigned && std::find(w.codebook, w.codebook + 16, int8_t(-128)) == w.codebook + 16) return blocks(std::true_type{});
+  blocks(std::false_type{});
 }
 template <int kBlk, bool kSigned, bool kAbsY>
-void int4_qword_decode_as(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
+void int4_qword_decode_block(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
   const int64_t G = a.G;
   const uint8_t* pn = w.panel(e, b);
   const DecodeRow<kBlk> r(w, e, b, a);

@@ -109,13 +109,19 @@ constexpr int64_t kTasksPerThread = 16, kStreamTasksPerThread = 4, kStreamRows =
 struct Task {
   int64_t e, b0, b1;
 };
+// Whether every expert has at most kStreamRows rows (decode): the GEMMs stream long weight runs per task, and
+// GEMM2's tasks follow GEMM1's in one team call.
+bool streams(const std::vector<int64_t>& begin) {
+  for (size_t e = 0; e + 1 < begin.size(); ++e)
+    if (begin[e + 1] - begin[e] > kStreamRows) return false;
+  return true;
+}
 // (expert, column tile) tasks for experts that have rows. Tiles are as wide as keeps the tasks per thread above
 // (at least kMinTileBlocks blocks): few rows (decode) then stream long weight runs per task.
 std::vector<Task> tasks_for(const std::vector<int64_t>& begin, int64_t blocks) {
-  int64_t experts = 0, most_rows = 0;
-  for (size_t e = 0; e + 1 < begin.size(); ++e)
-    experts += begin[e + 1] > begin[e], most_rows = std::max(most_rows, begin[e + 1] - begin[e]);
-  const int64_t per = most_rows <= kStreamRows ? kStreamTasksPerThread : kTasksPerThread;
+  int64_t experts = 0;
+  for (size_t e = 0; e + 1 < begin.size(); ++e) experts += begin[e + 1] > begin[e];
+  const int64_t per = streams(begin) ? kStreamTasksPerThread : kTasksPerThread;
   const int64_t want = per * int64_t(get_num_threads());
   int64_t tile = std::max(kMinTileBlocks, (experts * blocks + want - 1) / std::max<int64_t>(want, 1));
   if (tile > kTileAlign) tile = (tile + kTileAlign - 1) / kTileAlign * kTileAlign;
@@ -142,13 +148,6 @@ void run_gemm(const PackedExperts& w, const std::vector<int64_t>& begin, const A
               const int32_t* row_idx, float* out, Epilogue&& epilogue) {
   const std::vector<Task> tasks = tasks_for(begin, w.num_blocks());
   parallel_for(int64_t(tasks.size()), [&](int64_t i) { gemm_task(w, tasks[size_t(i)], begin, acts, row_idx, out, epilogue); });
-}
-
-// Whether every expert has at most kStreamRows rows (decode): GEMM2's tasks then follow GEMM1's in one team call.
-bool streams(const std::vector<int64_t>& begin) {
-  for (size_t e = 0; e + 1 < begin.size(); ++e)
-    if (begin[e + 1] - begin[e] > kStreamRows) return false;
-  return true;
 }
 
 inline void spin_pause() {
@@ -384,7 +383,7 @@ void run_chunk(const FusedMoeArgs& a, const std::vector<int32_t>& ids, int64_t m
   // activations go to c [P, I] first).
   c.resize(static_cast<size_t>(P * std::max(I, H)));
   a2.reset(w2, P);
-  // 4. GEMM2 into c [P, H] (GEMM1's output is dead: a2 holds what GEMM2 reads).
+  // 4. GEMM2 into c [P, H] (GEMM1's output is dead: a2 holds what GEMM2 reads), or on decode into c2 (below).
   float* c2 = c.data();
   // GEMM2 epilogue: (+ bias) * router weight (1 when it scaled the input).
   const auto epilogue2 = [&](int64_t e, int64_t p, float* y, int64_t n0, int64_t n1) {

@@ -12,7 +12,8 @@ What it runs
     (the order flips every round), so both see the same phase of the host's memory bandwidth, which on these VMs
     moves by up to 30% within minutes; per-process alternation (load, run, exit) spread 10-20% where this
     spreads 1-2%. ``--layer`` (GGUF cases): the whole ``MoELayer`` call instead, router and top-k included, on 16
-    inputs in turn, as bench/ik_peer.py times moe_cpu.
+    inputs in turn, as bench/ik_peer.py times moe_cpu. ``--act-block`` loads GGUF cases with other activation
+    blocks (e.g. 256, ggml's Q8_K).
 
 What it prints
     Per case: the median over rounds of new / old (each round's median call), its quartiles, and both medians (ms).
@@ -43,12 +44,13 @@ import moe_cpu
 from moe_cpu.bench.timing import routing_pool
 case, M, threads, hot, E = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "hot", int(sys.argv[5])
 whole = sys.argv[6] == "layer"
+act_block = None if sys.argv[7] == "none" else int(sys.argv[7]) if sys.argv[7].isdigit() else sys.argv[7]
 rng = np.random.default_rng(0)
 if not case.endswith(".gguf"):
     from moe_cpu.bench.random_forms import random_block
     w13, w2 = random_block(rng, case, 2048, 768, E)
 else:
-    layer = moe_cpu.MoELayer.from_pretrained(case, layer_idx=0)
+    layer = moe_cpu.MoELayer.from_pretrained(case, layer_idx=0, act_block=act_block)
     w13, w2 = layer.w13, layer.w2
     E = w13.num_experts
 H = w13.in_features
@@ -114,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layer", action="store_true",
                     help="time the GGUF cases' whole MoELayer call (router, top-k and experts, as bench/ik_peer.py "
                          "does) on 16 inputs in turn, instead of fused_experts on a routing pool")
+    ap.add_argument("--act-block", default="auto",
+                    help="GGUF cases: the activation blocks both builds load with (auto, none, 32, 64, 128, 256)")
     ap.add_argument("--work-dir", default="/tmp/ik_peer_models", help="bench/ik_peer.py's GGUF cache")
     ap.add_argument("--experts", type=int, default=128,
                     help="experts of the random blocks (default 128, as the GGUF files; at least top-k 8)")
@@ -129,6 +133,8 @@ def main(argv=None) -> int:
         extra = {"old": env_pairs(a.old_env), "new": env_pairs(a.new_env)}
     except ValueError as e:
         ap.error(str(e))
+    if a.act_block not in ("auto", "none", "32", "64", "128", "256"):
+        ap.error(f"--act-block {a.act_block}: one of auto, none, 32, 64, 128, 256")
     cases = {}   # case -> what the workers load: a scheme / form name, or a GGUF file
     for case in a.cases.split(","):
         if case in RANDOM and a.layer:
@@ -141,7 +147,8 @@ def main(argv=None) -> int:
             ap.error(f"--cases {case}: neither a scheme / form ({', '.join(RANDOM)}) nor a GGUF type with a file in "
                      f"{a.work_dir} (bench/ik_peer.py --prepare-only --types {case} writes it)")
     print(f"# old {a.old} {a.old_env}  new {a.new} {a.new_env}  M {a.m}, {a.threads} threads, "
-          f"isa {a.isa or 'native'}, {a.rounds} rounds{', hot' if a.hot else ''}{', whole layer' if a.layer else ''}",
+          f"isa {a.isa or 'native'}, {a.rounds} rounds{', hot' if a.hot else ''}{', whole layer' if a.layer else ''}"
+          f"{'' if a.act_block == 'auto' else ', activation blocks ' + a.act_block}",
           flush=True)
     for case, what in cases.items():
         procs = {}
@@ -150,7 +157,7 @@ def main(argv=None) -> int:
             if a.isa:
                 env["MOE_CPU_ISA"] = a.isa
             procs[v] = subprocess.Popen([sys.executable, "-c", WORKER, what, str(a.m), str(a.threads),
-                                         "hot" if a.hot else "cold", str(a.experts), "layer" if a.layer else "experts"],
+                                         "hot" if a.hot else "cold", str(a.experts), "layer" if a.layer else "experts", a.act_block],
                                         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
         try:
             for v, p in procs.items():

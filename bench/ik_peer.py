@@ -35,7 +35,8 @@ What it times (median over ``--reps`` rounds after warm-up; ik and moe_cpu inter
              on the 32-wide twin in this wheel, so with it the twin is loaded without it.
     moe_cpu: ``MoELayer.from_pretrained(file, layer_idx=0)`` on the same quantized file (it reads the GGUF
              blocks losslessly and by default quantizes activations in blocks of 32: ggml's Q8_0, finer than its
-             Q8_K for the K-quants and IQ4_XS; ``layer.act_blocks``),
+             Q8_K for the K-quants and IQ4_XS; ``layer.act_blocks``; ``--act-block`` another block, e.g. 256,
+             ggml's Q8_K, which ik's run-time repack uses),
              called on M random float32 rows [M, 2048] with ``moe_cpu.set_num_threads(--threads)``. This
              includes moe_cpu's router (logits, softmax, top-k), which the ik number does not; the column
              "mc exp" times ``moe_cpu.fused_experts`` alone on precomputed routing for comparison.
@@ -520,7 +521,8 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
     res["gguf_expert_bytes"] = int(sum(int(t.n_bytes) for t in gguf.GGUFReader(full, "r").tensors
                                        if "_exps." in t.name))
     t0 = time.perf_counter()
-    layer = mc.MoELayer.from_pretrained(full, layer_idx=0)
+    act_block = args.act_block if args.act_block == "auto" else None if args.act_block == "none" else int(args.act_block)
+    layer = mc.MoELayer.from_pretrained(full, layer_idx=0, act_block=act_block)
     res["mc_load_s"] = time.perf_counter() - t0
     res["mc"] = {"w13": {"form": layer.w13.form, "kernel": layer.w13.kernel, "scheme": layer.w13.scheme},
                  "w2": {"form": layer.w2.form, "kernel": layer.w2.kernel, "scheme": layer.w2.scheme},
@@ -714,6 +716,9 @@ def main(argv=None) -> None:
     ap.add_argument("--no-install", action="store_true", help="do not pip-install the peer, only print the command")
     ap.add_argument("--ik-configs", default=DEFAULT_CONFIGS,
                     help=f"ik option sets to try, ';'-separated (rtr, fmoe, muge; default {DEFAULT_CONFIGS!r})")
+    ap.add_argument("--act-block", default="auto", choices=("auto", "none", "32", "64", "128", "256"),
+                    help="moe_cpu's activation blocks (default auto: 32 on every GGUF type; 256 is ggml's Q8_K, "
+                         "the block of ik's run-time repack)")
     ap.add_argument("--work-dir", default="/tmp/ik_peer_models", help="GGUF cache (default /tmp/ik_peer_models)")
     ap.add_argument("--base-dtype", choices=("f16", "f32"), default="f16", help="experts in the base file")
     ap.add_argument("--seed", type=int, default=0)

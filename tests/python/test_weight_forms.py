@@ -141,6 +141,53 @@ def test_largest_codes_times_largest_activations(rng, codebook, code, M, act_blo
     assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max(), f"{np.abs(got - want).max()} vs {np.abs(want).max()}"
 
 
+@pytest.mark.parametrize("sign", [1, -1], ids=["x+", "x-"])
+@pytest.mark.parametrize("act_block", [None, 256])
+@pytest.mark.parametrize("M", [1, 9])
+@pytest.mark.parametrize("codebook,code,top", [(UNSIGNED, 15, 127), (IQ4_NL, 0, -128), (SIGNED128, 0, -128),
+                                               (SIGNED128, 15, 127)], ids=["unsigned15", "iq4nl-127", "cb-128", "cb+127"])
+def test_integer_scales_at_their_largest_sums(rng, codebook, code, top, M, act_block, sign):
+    """Integer scales as Q4_K / IQ4_XS hold them (an fp16 d per run of 8 groups times int8) at the int8 ends, every
+    code at one extreme and every activation at +-127: where one activation scale covers a run (per token, blocks of
+    256) the AVX2 kernels sum the run's scale * dot in int32 (|sum| <= 8 * 128 * 32 * 128 * 127 < 2^31), and a
+    wrapped sum shows here. The decode row (M = 1) and the row tiles (M = 9) both."""
+    E, H, I = 2, 512, 32
+    q = np.full((E, 2 * I, H), code, np.uint8)
+    ints = np.full((E, 2 * I, H // 32), top, np.float32)
+    ints[:, :, ::8] = 1                  # each run's smallest: d is 2^-20 and the others' integers stay at the top
+    w13 = moe_cpu.pack_int4(q, ints * np.float32(2.0 ** -20), 32, codebook=codebook, act_block=act_block)
+    assert w13.has_int_scales == int_form_kernel(w13)
+    w2 = moe_cpu.quantize_experts(rng.standard_normal((E, H, I)).astype(np.float32), "int8_w8a8")
+    x = np.full((M, H), sign, np.float32)
+    tw, ids = np.ones((M, 1), np.float32), np.zeros((M, 1), np.int32)
+    got = moe_cpu.fused_experts(x, w13, w2, tw, ids)
+    want = fused_experts_float64(x, w13.unpack(), w2.unpack(), tw, ids, "silu")
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max(), f"{np.abs(got - want).max()} vs {np.abs(want).max()}"
+
+
+@pytest.mark.parametrize("act_block", [None, 256])
+@pytest.mark.parametrize("forms", [("q4k_ks", "q4k_ks"), ("iq4xs", "iq4xs")], ids=["q4k", "iq4xs"])
+def test_integer_scale_runs_give_a_row_the_same_bits_alone(rng, forms, act_block):
+    """Integer scales with one activation scale per run of 8 groups (per token, blocks of 256; on AVX2 a run's scaled
+    dots summed in int32): a row's output has the same bits alone (the decode kernels) as among others (the row
+    tiles), against the reference too; w13's K of 10 groups has a whole run and a short one."""
+    E, k, H, I, M = 3, 2, 320, 256, 21
+    pair = []
+    for form, (N, K) in zip(forms, ((2 * I, H), (H, I))):
+        r, _ = form_weights(rng, form, E, N, K)
+        kw = dict(codebook=r.codebook.astype(np.int8), mins=r.mins,
+                  act_block=act_block if act_block is None or K % act_block == 0 else None)
+        pair.append((ref.RefWeights.int4(r.codes, r.scales, 32, **kw), moe_cpu.pack_int4(r.codes, r.scales, 32, **kw)))
+    (r13, p13), (r2, p2) = pair
+    assert p13.has_int_scales == int_form_kernel(p13)
+    x = make_input(rng, M, H)
+    tw, ids = make_routing(rng, M, E, k)
+    many = moe_cpu.fused_experts(x, p13, p2, tw, ids)
+    assert_close(many, ref.fused_experts_ref(x, r13, r2, tw, ids), "int4_w4a8", f"{forms} B={act_block}")
+    for m in range(M):
+        np.testing.assert_array_equal(moe_cpu.fused_experts(x[m:m + 1], p13, p2, tw[m:m + 1], ids[m:m + 1])[0], many[m])
+
+
 @pytest.mark.parametrize("a16_13", [False, True])
 def test_a16_pairs_with_a16_only(rng, a16_13):
     """int4 / int8 weights pair in any way with the same activations; A16 with A8 is refused, naming both."""

@@ -7,6 +7,7 @@
 #define MOE_ISA avx2  // kernels/isa.h: this file's ISA region
 #include "kernels/int_avx2.h"
 #include "kernels/int_avx2_g32.h"
+#include "kernels/int_avx2_runs.h"
 #include "moe_cpu/cpu_features.h"
 
 namespace moe_cpu {

@@ -8,8 +8,9 @@ hosts) and Zen 3 models (the AVX2-only host of issue 40).
 - moe_cpu: kernels/int_avx2_g32.h's row tiles, 8 rows, compiled here as the library compiles them (-O3, the avx2
   ISA region); the group loop is the smallest backward-jump loop with 64 vpmaddubsw. The loop holds every path
   of its run-time branches (scale forms, mins), so a tile with branches counts a little high.
-- study: bench/studies/g32_run256_study.cpp, a Q4_K tile against 256-blocks with the integer scales inside vpmaddwd
-  (a design, not library code), its group loop the same way (the per-run epilogue outside it is left out).
+- runs (256-blocks): kernels/int_avx2_runs.h's row tile (Q4_K against ggml's 256-blocks, or per token:
+  the integer scales inside vpmaddwd, an int32 sum per run), their group loop the same way (the per-run epilogue
+  outside it is left out).
 - ik (``--ik-lib``): loops of the ik-llama-cpp-python==0.1.5 wheel's libggml, found by perf (cpu-clock) as
   ik's hottest at M = 512 with rtr=1, fmoe=1 on bench/ik_peer.py's files, by start address (listed in IK_LOOPS;
   another build has other addresses, and the script refuses a library whose bytes differ).
@@ -120,9 +121,25 @@ def compile_functions(cxx: str, cpp: str) -> Dict[str, List[Tuple[Optional[str],
         return parse_functions(open(s).read())
 
 
-def study_loop(cxx: str) -> List[str]:
-    funcs = compile_functions(cxx, os.path.join(ROOT, "bench/studies/g32_run256_study.cpp"))
-    return innermost_loop(next(body for name, body in funcs.items() if "g32_run256_tile" in name), 64)
+def runs_loops(cxx: str) -> Dict[str, List[str]]:
+    """kernels/int_avx2_runs.h's 8-row tile for Q4_K (integer mins) at 256-blocks: its group loop."""
+    tiles = {"Q4_K": "IntAvx2Runs<1, true>"}
+    src = ("#define MOE_ISA avx2\n#include \"kernels/int_avx2_runs.h\"\nMOE_ISA_BEGIN\n"
+           + "".join(f"template struct {t}::Micro<8, 1>;\n" for t in tiles.values()) + "MOE_ISA_END\n")
+    with tempfile.TemporaryDirectory() as d:
+        cpp = os.path.join(d, "runs.cpp")
+        open(cpp, "w").write(src)
+        funcs = compile_functions(cxx, cpp)
+    names = list(funcs)
+    demangled = dict(zip(names, subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                                               check=True).stdout.split("\n")))
+    out = {}
+    for typ, t in tiles.items():
+        name = next((n for n in names if f"{t}::Micro<8, 1>::run" in demangled[n]), None)
+        if name is None:
+            raise RuntimeError(f"no compiled tile for {typ} ({t})")
+        out[typ] = innermost_loop(funcs[name], 64)
+    return out
 
 
 def ours_loops(cxx: str) -> Dict[str, List[str]]:
@@ -202,13 +219,13 @@ def main(argv=None) -> int:
     ver = re.search(r"version (\S+)", subprocess.run([mca, "--version"], capture_output=True, text=True).stdout)
     print(f"{mca} ({ver.group(1) if ver else '?'}), "
           f"cycles per 256 products (a row, 32 channels, 8 columns), {args.iterations} iterations")
-    ours = ours_loops(args.cxx)
+    ours, runs = ours_loops(args.cxx), runs_loops(args.cxx)
     ik = ik_loops(args.ik_lib) if args.ik_lib else {}
     print(f"{'type':7} {'loop':26} " + " ".join(f"{c:>15}" for c in cpus) + " insns")
     for typ, asm in ours.items():
         rows = [("moe_cpu Micro<8, 1>", asm)] + [(f"ik {name}", body) for name, body in ik.get(typ, [])]
-        if typ == "Q4_K":
-            rows.append(("study: 256-blocks", study_loop(args.cxx)))
+        if typ in runs:
+            rows.append(("moe_cpu runs (256-blocks)", runs[typ]))
         for name, body in rows:
             text = "\n".join(body) + "\n"
             print(f"{typ:7} {name:26} " + " ".join(f"{cycles_per_256(mca, c, text, args.iterations):15.2f}" for c in cpus)

@@ -145,17 +145,25 @@ def test_largest_codes_times_largest_activations(rng, codebook, code, M, act_blo
 @pytest.mark.parametrize("act_block", [None, 256])
 @pytest.mark.parametrize("M", [1, 9])
 @pytest.mark.parametrize("codebook,code,top", [(UNSIGNED, 15, 127), (IQ4_NL, 0, -128), (SIGNED128, 0, -128),
-                                               (SIGNED128, 15, 127)], ids=["unsigned15", "iq4nl-127", "cb-128", "cb+127"])
+                                               (SIGNED128, 15, 127), ((0, 31), 31, 127), ((0, 31), 31, -128),
+                                               ((-32, 31), 31, -128), ((-32, 31), -32, 127)],
+                         ids=["unsigned15", "iq4nl-127", "cb-128", "cb+127", "5bit31+127", "5bit31-128", "6bit31-128",
+                              "6bit-32+127"])
 def test_integer_scales_at_their_largest_sums(rng, codebook, code, top, M, act_block, sign):
-    """Integer scales as Q4_K / IQ4_XS hold them (an fp16 d per run of 8 groups times int8) at the int8 ends, every
-    code at one extreme and every activation at +-127: where one activation scale covers a run (per token, blocks of
-    256) the AVX2 kernels sum the run's scale * dot in int32 (|sum| <= 8 * 128 * 32 * 128 * 127 < 2^31), and a
-    wrapped sum shows here. The decode row (M = 1) and the row tiles (M = 9) both."""
+    """Integer scales as the K-quants and IQ4_XS hold them (an fp16 d per run of 8 groups times int8) at the int8
+    ends, every code at one extreme (int8 codes in a 5- or 6-bit range, given as (low, high): the AVX2 split forms of
+    Q5_K and Q6_K, the latter with a zero point) and every activation at +-127: where one activation scale covers a
+    run (per token, blocks of 256) the AVX2 kernels sum the run's scale * dot in int32, and a wrapped sum shows here.
+    The decode row (M = 1) and the row tiles (M = 9) both."""
     E, H, I = 2, 512, 32
-    q = np.full((E, 2 * I, H), code, np.uint8)
+    q = np.full((E, 2 * I, H), code, np.int8 if len(codebook) == 2 else np.uint8)
     ints = np.full((E, 2 * I, H // 32), top, np.float32)
     ints[:, :, ::8] = 1                  # each run's smallest: d is 2^-20 and the others' integers stay at the top
-    w13 = moe_cpu.pack_int4(q, ints * np.float32(2.0 ** -20), 32, codebook=codebook, act_block=act_block)
+    if len(codebook) == 2:               # int8: one code at the range's other end sets the split form's zero point
+        q[0, 0, 0] = codebook[0] if code == codebook[1] else codebook[1]
+        w13 = moe_cpu.pack_int8(q, ints * np.float32(2.0 ** -20), 32, act_block=act_block)
+    else:
+        w13 = moe_cpu.pack_int4(q, ints * np.float32(2.0 ** -20), 32, codebook=codebook, act_block=act_block)
     assert w13.has_int_scales == int_form_kernel(w13)
     w2 = moe_cpu.quantize_experts(rng.standard_normal((E, H, I)).astype(np.float32), "int8_w8a8")
     x = np.full((M, H), sign, np.float32)
@@ -166,7 +174,8 @@ def test_integer_scales_at_their_largest_sums(rng, codebook, code, top, M, act_b
 
 
 @pytest.mark.parametrize("act_block", [None, 256])
-@pytest.mark.parametrize("forms", [("q4k_ks", "q4k_ks"), ("iq4xs", "iq4xs")], ids=["q4k", "iq4xs"])
+@pytest.mark.parametrize("forms", [("q4k_ks", "q4k_ks"), ("q5k_ks", "q5k_ks"), ("q6k_ks", "q6k_ks"), ("iq4xs", "iq4xs")],
+                         ids=["q4k", "q5k", "q6k", "iq4xs"])
 def test_integer_scale_runs_give_a_row_the_same_bits_alone(rng, forms, act_block):
     """Integer scales with one activation scale per run of 8 groups (per token, blocks of 256; on AVX2 a run's scaled
     dots summed in int32): a row's output has the same bits alone (the decode kernels) as among others (the row
@@ -175,11 +184,17 @@ def test_integer_scale_runs_give_a_row_the_same_bits_alone(rng, forms, act_block
     pair = []
     for form, (N, K) in zip(forms, ((2 * I, H), (H, I))):
         r, _ = form_weights(rng, form, E, N, K)
-        kw = dict(codebook=r.codebook.astype(np.int8), mins=r.mins,
-                  act_block=act_block if act_block is None or K % act_block == 0 else None)
-        pair.append((ref.RefWeights.int4(r.codes, r.scales, 32, **kw), moe_cpu.pack_int4(r.codes, r.scales, 32, **kw)))
+        kw = dict(mins=r.mins, act_block=act_block if act_block is None or K % act_block == 0 else None)
+        if r.codebook is None:
+            pair.append((ref.RefWeights.int8(r.codes, r.scales, r.group, **kw),
+                         moe_cpu.pack_int8(r.codes, r.scales, r.group, **kw)))
+        else:
+            kw["codebook"] = r.codebook.astype(np.int8)
+            pair.append((ref.RefWeights.int4(r.codes, r.scales, 32, **kw), moe_cpu.pack_int4(r.codes, r.scales, 32, **kw)))
     (r13, p13), (r2, p2) = pair
     assert p13.has_int_scales == int_form_kernel(p13)
+    bits = {"q5k_ks": 5, "q6k_ks": 6}.get(forms[0], 4)
+    assert p13.code_bits == (bits if bits == 4 or kernel_isa(p13.kernel) == "avx2" else 8)
     x = make_input(rng, M, H)
     tw, ids = make_routing(rng, M, E, k)
     many = moe_cpu.fused_experts(x, p13, p2, tw, ids)

@@ -425,14 +425,13 @@ void int8_avx2_g32_gemm(int P, const PackedExperts& w, int64_t e, int64_t b0, in
                         int64_t ldc);
 template <int kBlk, bool kSigned>
 void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c);  // int_avx2_g32.h
-// Whether an int4 GEMM runs int_avx2_runs.h's kernels: qword panels with integer scales, integer mins or none, no
-// zero point (kSigned codebooks have none), and one activation scale over each run of groups (per token, or blocks
-// covering whole runs).
-inline bool int4_runs_fit(const PackedExperts& w, const ActRows& a, bool kSigned) {
+// Whether an int4 GEMM on plain codes runs int_avx2_runs.h's kernels: qword panels with integer scales, integer mins
+// or none, no zero point, and one activation scale over each run of groups (per token, or blocks covering runs).
+inline bool int4_runs_fit(const PackedExperts& w, const ActRows& a) {
   return w.qword_panels && w.iscale_groups == kIMinRun && (!w.has_mins || w.imin_groups) && !w.has_zeros &&
-         (kSigned || w.code_zero == 0) && (!a.bscale || (a.NP == 1 && w.act_block % (32 * kIMinRun) == 0));
+         w.code_zero == 0 && (!a.bscale || (a.NP == 1 && w.act_block % (32 * kIMinRun) == 0));
 }
-template <int kBlk, bool kSigned>
+template <int kBlk>
 void int4_qword_runs(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc);
 
 // The int4 GEMM of dot D with codes C: groups of 32 in IntAvx2G32's row tiles where they fit, else IntAvx2.
@@ -442,7 +441,8 @@ void int4_avx2_code_form_gemm(const PackedExperts& w, int64_t e, int64_t b0, int
   if constexpr (D == IntDot::kMaddubs && kBlk <= 1 && (C == Codes::kPlain || C == Codes::kSigned))
     if (w.qword_panels) {  // (derive_qword_panels: groups of 32 along K, so row tiles always fit IntAvx2G32's)
       constexpr bool kS = C == Codes::kSigned;
-      if (int4_runs_fit(w, a, kS)) return int4_qword_runs<kBlk, kS>(w, e, b0, b1, a, c, ldc);
+      if constexpr (!kS)
+        if (int4_runs_fit(w, a)) return int4_qword_runs<kBlk>(w, e, b0, b1, a, c, ldc);
       if (a.rows == 1) return int4_qword_decode<kBlk, kS>(w, e, b0, b1, a, c);
       return drive_g32<true, kS ? Codes::kQwordSigned : Codes::kQword, kBlk, 2>(w, e, b0, b1, a, c, ldc);
     }
@@ -503,7 +503,7 @@ void int4_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, c
   static_assert(NJ == 1, "one column block per row tile");
   if (a.rows == 1 || !(w.iscale_groups || w.imin_groups) ||
       (D == IntDot::kMaddubs && ((!block_scratch_pays(a) && int4_g32_fits(w, a, int4_codes<D>(w))) ||
-                                 int4_runs_fit(w, a, int4_codes<D>(w) == Codes::kSigned))))
+                                 (int4_codes<D>(w) == Codes::kPlain && int4_runs_fit(w, a)))))
     return int4_avx2_codes_gemm<D, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
   const int64_t G = a.G;
   std::vector<float> buf(size_t(2 * G * 16) + 8);

@@ -19,6 +19,7 @@
 #include "common/layout.h"
 #include "kernels/int_avx2.h"
 #include "kernels/int_avx2_g32.h"
+#include "kernels/int_avx2_runs.h"
 #include "kernels/isa.h"
 #include "kernels/tile_driver.h"
 #include "moe/split_codes.h"
@@ -155,6 +156,156 @@ struct IntAvx2Split {
   };
 };
 
+// Split codes with integer scales (Q5_K, Q6_K) against one activation scale per run of 8 groups: int_avx2_runs.h's
+// runs. Each step's int16 pair sums (<= 2 * 2 * 63 * 127 < 2^15; 5-bit: two steps', <= 4 * 2 * 31 * 127) times the
+// group's scales in their vpmaddwd; a zero point (kZc: Q6_K's 32) as minus zc * scale * code sum per group, one more
+// vpmaddwd of (zc * scale, 0) pairs and the row's int32 code sum; an int32 sum per run (|sum| <= 8 * (128 * 32 * 63
+// * 127 + 128 * 128 * 32 * 127) < 2^31).
+inline bool split_runs_fit(const PackedExperts& w, const ActRows& a) {
+  const int64_t gl = w.group_len();
+  return (gl == 16 || gl == 32) && w.iscale_groups == kIMinRun && (!w.has_mins || w.imin_groups) &&
+         (!a.bscale || (a.NP == 1 && w.act_block % (gl * kIMinRun) == 0));
+}
+// kZc: the (zc * scale, 0) int16 pairs of m's scales (zc * 128 <= 2^14 in magnitude).
+template <bool kZc>
+__attribute__((always_inline)) inline __m256i split_zero_scales(__m256i m, __m256i zc16) {
+  if constexpr (!kZc) return m;
+  return _mm256_and_si256(_mm256_mullo_epi16(m, zc16), _mm256_set1_epi32(0xffff));
+}
+template <int kXb, int kS, int kBlk, bool kMins, bool kZc>
+struct IntAvx2SplitRuns {
+  static constexpr int kSpv = 4 / kXb;  // steps per high-bit vector
+  // One row, column block b: the row tiles' integers and fp32 operations in their order.
+  static void decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
+    const int64_t G = a.G;
+    const uint8_t* pn = w.panel(e, b);
+    const uint8_t* ph = w.qhigh.data() + (e * w.num_blocks() + b) * split_high_bytes(a.Kp, w.split_bits);
+    const DecodeRow<kBlk> r(w, e, b, a);
+    const GroupSidePrefetch side(w, r.forms, r.sx);
+    alignas(32) float corr[2][8];
+    if constexpr (kMins) int_mins_term_ymm<2>(r.forms, a.asum16 + r.ri * a.G2, r.bsr, nullptr, corr);
+    const __m256i low4 = _mm256_set1_epi8(0x0f), hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));
+    const __m256i zc16 = _mm256_set1_epi16(int16_t(w.split_zero));
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t g0 = 0; g0 < G; g0 += kIMinRun) {
+      __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      for (int64_t gi = g0; gi < std::min(G, g0 + kIMinRun); ++gi) {
+        side.at<1>(gi);
+        const uint8_t* gn = pn + gi * kS * 64;
+        const uint8_t* gh = ph + gi * (kS / kSpv) * 64;
+        _Pragma("GCC unroll 4") for (int t = 0; t < kS; ++t) _mm_prefetch((const char*)(gn + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
+        _Pragma("GCC unroll 2") for (int v = 0; v < kS / kSpv; ++v)
+          _mm_prefetch((const char*)(gh + v * 64 + kDecodePrefetchBytes * kXb / 4), _MM_HINT_T1);
+        const __m256i m[2] = {run_scales(r.forms.isc_at(0, gi)), run_scales(r.forms.isc_at(0, gi) + 8)};
+        if constexpr (kZc) {
+          const __m256i as = _mm256_set1_epi32(r.asr[gi]);
+          _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
+            isum[h] = _mm256_sub_epi32(isum[h], _mm256_madd_epi16(split_zero_scales<kZc>(m[h], zc16), as));
+        }
+        split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
+          constexpr int t = decltype(tc)::value, j = 2 * (t % kSpv);
+          const __m256i b0 = bcast4(r.y + (gi * kS + t) * 8), b1 = bcast4(r.y + (gi * kS + t) * 8 + 4);
+          _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
+            const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(gn + t * 64 + h * 32));
+            const __m256i hv = _mm256_load_si256(reinterpret_cast<const __m256i*>(gh + (t / kSpv) * 64 + h * 32));
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low4), split_high<kXb, j>(hv, hmask));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), split_high<kXb, j + 1>(hv, hmask));
+            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, b0), _mm256_maddubs_epi16(hi, b1));
+            isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(p, m[h]));
+          }
+        });
+      }
+      _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
+        acc[h] = run_epilogue<kBlk>(isum[h], r.bsr, g0, half8(r.forms.dsc_at(0, g0) + h * 8), acc[h]);
+    }
+    r.store(w, b, a, acc, kMins ? corr : nullptr, c);
+  }
+
+  // MR rows x 8 columns at a time, a group's codes unpacked once for every row.
+  template <int MR, int NJ>
+  struct Micro {
+    static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
+                    int64_t ldc) {
+      static_assert(NJ == 1, "one column block per row tile (drive_even)");
+      const int64_t G = a.G;
+      const uint8_t* pn = w.panel(e, b);
+      const uint8_t* ph = w.qhigh.data() + (e * w.num_blocks() + b) * split_high_bytes(a.Kp, w.split_bits);
+      const IntForms forms(w, e, b, G);
+      const RunRows<MR, kBlk, kMins> rows(a, r0, forms);
+      const int32_t* asr[MR];
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) asr[r] = a.asum + a.row_idx[r0 + r] * G;
+      const __m256i low4 = _mm256_set1_epi8(0x0f), hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));
+      const __m256i zc16 = _mm256_set1_epi16(int16_t(w.split_zero));
+      NextGroupPrefetch<> pf(w, e, b, 1, r0, MR, a.rows, 2 * a.Kp / 8);
+      alignas(32) float out[MR][16];
+      for (int h = 0; h < 2; ++h) {
+        __m256 acc[MR];
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+        for (int64_t g0 = 0; g0 < G; g0 += kIMinRun) {
+          __m256i isum[MR];
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
+          for (int64_t gi = g0; gi < std::min(G, g0 + kIMinRun); ++gi) {
+            pf.steps(kS);
+            const uint8_t* gn = pn + gi * kS * 64 + h * 32;
+            const uint8_t* gh = ph + gi * (kS / kSpv) * 64 + h * 32;
+            const __m256i m = run_scales(forms.isc_at(0, gi) + h * 8);
+            [[maybe_unused]] const __m256i mz = split_zero_scales<kZc>(m, zc16);
+            __m256i lo[kS], hi[kS];
+            split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
+              constexpr int t = decltype(tc)::value, j = 2 * (t % kSpv);
+              const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(gn + t * 64));
+              const __m256i hv = _mm256_load_si256(reinterpret_cast<const __m256i*>(gh + (t / kSpv) * 64));
+              lo[t] = _mm256_or_si256(_mm256_and_si256(v, low4), split_high<kXb, j>(hv, hmask));
+              hi[t] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), split_high<kXb, j + 1>(hv, hmask));
+            });
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+              const int8_t* y = rows.arow[r] + gi * kS * 8;
+              __m256i p[kS];
+              _Pragma("GCC unroll 4") for (int t = 0; t < kS; ++t)
+                p[t] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[t], bcast4(y + 8 * t)), _mm256_maddubs_epi16(hi[t], bcast4(y + 8 * t + 4)));
+              __m256i x = kZc ? _mm256_sub_epi32(isum[r], _mm256_madd_epi16(mz, _mm256_set1_epi32(asr[r][gi]))) : isum[r];
+              _Pragma("GCC unroll 2") for (int t = 0; t < kS; t += 2) {
+                if constexpr (kXb == 1)  // 5-bit codes: two steps' pairs add in int16
+                  x = _mm256_add_epi32(x, _mm256_madd_epi16(_mm256_add_epi16(p[t], p[t + 1]), m));
+                else
+                  x = _mm256_add_epi32(x, _mm256_add_epi32(_mm256_madd_epi16(p[t], m), _mm256_madd_epi16(p[t + 1], m)));
+              }
+              isum[r] = x;
+            }
+          }
+          const __m256 d = half8(forms.dsc_at(0, g0) + h * 8);
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = run_epilogue<kBlk>(isum[r], rows.bsr[r], g0, d, acc[r]);
+        }
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+          const __m256 v = kMins ? _mm256_sub_ps(acc[r], _mm256_load_ps(rows.corr[kMins ? r : 0][h])) : acc[r];
+          _mm256_store_ps(out[r] + h * 8, _mm256_mul_ps(v, _mm256_set1_ps(a.scale[a.row_idx[r0 + r]])));
+        }
+      }
+      const int valid = valid_cols(w, b);
+      for (int r = 0; r < MR; ++r) std::memcpy(c + (r0 + r) * ldc, out[r], size_t(valid) * 4);
+    }
+  };
+};
+template <int kXb, int kS, int kBlk, bool kMins, bool kZc>
+void split_runs_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  using T = IntAvx2SplitRuns<kXb, kS, kBlk, kMins, kZc>;
+  if (a.rows == 1) {
+    for (int64_t b = b0; b < b1; ++b) T::decode(w, e, b, a, c + (b - b0) * 16);
+    return;
+  }
+  drive_even<T::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+}
+// The forms that occur: Q5_K (5-bit, integer mins, no zero point), Q6_K (6-bit in groups of 16, zero point 32), and
+// either kind with or without each term.
+template <int kXb, int kS, int kBlk>
+void split_runs(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  const bool zc = w.split_zero != 0;
+  if (w.has_mins) return zc ? split_runs_as<kXb, kS, kBlk, true, true>(w, e, b0, b1, a, c, ldc)
+                            : split_runs_as<kXb, kS, kBlk, true, false>(w, e, b0, b1, a, c, ldc);
+  zc ? split_runs_as<kXb, kS, kBlk, false, true>(w, e, b0, b1, a, c, ldc)
+     : split_runs_as<kXb, kS, kBlk, false, false>(w, e, b0, b1, a, c, ldc);
+}
+
 template <int kXb, int kBlk, int kS>
 void split_tiles(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
   with_g32_terms<kG32Zc | kG32Mins>(g32_terms(w.split_zero, w.has_mins), [&](auto kf) __attribute__((always_inline)) {
@@ -165,6 +316,7 @@ void split_tiles(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, cons
 template <int kXb, int kBlk, int kS>
 void int8_avx2_split_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                              int64_t ldc) {
+  if (split_runs_fit(w, a)) return split_runs<kXb, kS, kBlk>(w, e, b0, b1, a, c, ldc);
   if (a.rows == 1) {
     for (int64_t b = b0; b < b1; ++b) IntAvx2Split<kXb, kBlk, kS>::decode(w, e, b, a, c + (b - b0) * 16);
     return;

@@ -95,7 +95,6 @@ DEFAULT_TYPES = "Q4_0,Q8_0,Q4_K,IQ4_XS,Q5_K,Q6_K"
 DEFAULT_CONFIGS = "rtr=0,fmoe=1;rtr=1,fmoe=1;rtr=0,fmoe=0;rtr=1,fmoe=0"
 IN_NAME = "ffn_inp_normed-0"                            # the MoE block's input (after ffn_norm)
 OUT_NAMES = ("routed_out-0", "ffn_moe_out-0")           # the routed experts' output, before the residual add
-SWITCH_PAUSE_S = 0.02                                   # idle between ik and moe_cpu calls (OpenMP spin-down)
 SHORT_S, INNER = 0.05, 3                                # calls under 50 ms: one untimed call, then 3 timed ones
 POOL = 8                                                # moe_cpu inputs per M, used in turn
 
@@ -573,10 +572,10 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
             for c in configs:
                 est[M] = max(est.get(M, 0.0), ik.decode(ctxs[c][0], M, True))
                 ik.decode(ctxs[c][1], M, True)
-            time.sleep(SWITCH_PAUSE_S)
+            time.sleep(args.pause)
             est[M] = max(est[M], mc_layer(M))
             mc_experts(M)
-            time.sleep(SWITCH_PAUSE_S)
+            time.sleep(args.pause)
     T = {M: {"mc": [], "mc_exp": [], "bw": [], **{c.name(): {"full": [], "twin": []} for c in configs}} for M in Ms}
 
     def timed(fn, M):
@@ -588,19 +587,19 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
     for r in range(args.reps):
         for M in Ms:
             def run_ik():
-                time.sleep(SWITCH_PAUSE_S)
+                time.sleep(args.pause)
                 for c in (configs if r % 2 == 0 else configs[::-1]):
                     T[M][c.name()]["full"] += timed(lambda m: ik.decode(ctxs[c][0], m, True), M)
                     T[M][c.name()]["twin"] += timed(lambda m: ik.decode(ctxs[c][1], m, True), M)
 
             def run_mc():
-                time.sleep(SWITCH_PAUSE_S)
+                time.sleep(args.pause)
                 T[M]["mc"] += timed(mc_layer, M)
                 T[M]["mc_exp"] += timed(mc_experts, M)
 
             def run_bw():
                 if bw_buf is not None:
-                    time.sleep(SWITCH_PAUSE_S)
+                    time.sleep(args.pause)
                     T[M]["bw"].append(bw_buf.read_gbs(args.threads, 2))
 
             for f in ((run_ik, run_mc, run_bw) if r % 2 == 0 else (run_bw, run_mc, run_ik)):
@@ -644,7 +643,7 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
                                  "full_ms": float(np.median(full_t)) * 1e3, "twin_ms": float(np.median(twin_t)) * 1e3,
                                  "ms_best": float(full_t.min() - twin_t.min()) * 1e3}
             if ci == 0:
-                time.sleep(SWITCH_PAUSE_S)
+                time.sleep(args.pause)
                 d["mc_err"] = rel_l2(layer(x), ref)
                 w, ids = reference.routing(x)
                 d["mc_exp_err"] = rel_l2(mc.fused_experts(x, layer.w13, layer.w2, w, ids, activation="silu"), ref)
@@ -716,6 +715,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-install", action="store_true", help="do not pip-install the peer, only print the command")
     ap.add_argument("--ik-configs", default=DEFAULT_CONFIGS,
                     help=f"ik option sets to try, ';'-separated (rtr, fmoe, muge; default {DEFAULT_CONFIGS!r})")
+    ap.add_argument("--pause", type=float, default=0.02,
+                    help="seconds idle whenever the engine changes, for the other's idle threads to stop (default 0.02)")
     ap.add_argument("--act-block", default="auto", choices=("auto", "none", "32", "64", "128", "256"),
                     help="moe_cpu's activation blocks (default auto: 32 on every GGUF type; 256 is ggml's Q8_K, "
                          "the block of ik's run-time repack)")

@@ -149,7 +149,7 @@ TINY = {
     "studies/ep_model.py": ("--trials 100", "| 8 |", no_needs),
     "studies/gguf_forms_ab.py": ("--m 1 --reps 1 --forms q4_k --experts 8", "speed vs", no_needs),
     "studies/inner_loop_mix.py": ("--kernels {kernel}", "dot/FMA", inner_loop_needs),
-    "studies/tile_mca.py": ("--cpus znver3 --iterations 10 {mca}", "study: 256-blocks", tile_mca_needs),
+    "studies/tile_mca.py": ("--cpus znver3 --iterations 10 {mca}", "moe_cpu runs (256-blocks)", tile_mca_needs),
     "ep_scaling.sh": ("--shapes qwen3-30b-a3b --experts 8 --m 1 --calls 1 --sweep=", "wrote", mpi_needs),
 }
 

@@ -13,6 +13,9 @@ Types (all lossless but F16 / F32; ``unpack()`` equals ``gguf.quants.dequantize`
   Q5_K -> int8 g32 with the same scales and mins; Q6_K -> int8 group 16 (d * sc * (q - 32));
 - IQ4_NL -> int4 g32 through its 16-value codebook; IQ4_XS -> the same with scale d * (ls - 32);
   MXFP4 -> int4 g32 through e2m1 x 2 = {0, +-1, +-2, +-3, +-4, +-6, +-8, +-12}, scale 2^(e - 128);
+- the low-bit types (gguf_lowbit.py): Q2_K -> int8 g16 with mins, Q3_K -> int8 g16, TQ1_0 / TQ2_0 -> int4 g256,
+  IQ1_S / IQ2_XXS / IQ3_XXS / IQ3_S -> int4 g32 through their signed grid values, IQ1_M / IQ2_XS / IQ2_S -> int8 g16
+  (more bytes than the file: docs/formats.md);
 - BF16 -> bf16 exactly; F16 and F32 are unquantized: quantized on load to ``scheme``, by default
   bf16 (rounded to nearest even, so F16 values with more than 8 significant bits change).
 gate and up (and each of w13 / w2) keep their own form when they agree, and become int8 (codes
@@ -30,39 +33,14 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from .._dtypes import from_bf16_bits
-from ..forms import IQ4_NL_VALUES, MXFP4_VALUES, UNSIGNED4, mxfp4_scales
+from ..forms import IQ1_VALUES, IQ2_VALUES, IQ3S_VALUES, IQ3XXS_VALUES, IQ4_NL_VALUES, MXFP4_VALUES, UNSIGNED4, mxfp4_scales
+from ._gguf_blocks import Blocks, rows
 from ._common import LayerWeights, Part, Source, build_experts, check_expert_ids, resolve_pair
+from . import gguf_lowbit as lb
 from .config import config_from_gguf
 
 __all__ = ["load_gguf_layer"]
 
-
-
-class _Blocks:
-    """The blocks of N rows of one tensor: b uint8 [N, nb, bytes per block]; name for errors."""
-
-    def __init__(self, b: np.ndarray, name: str):
-        self.b, self.name = b, name
-
-    def f16(self, off: int, what: str = "d") -> np.ndarray:
-        """The fp16 field at byte ``off`` of every block as float32 [N, nb]; NaN / inf raise."""
-        v = np.ascontiguousarray(self.b[..., off:off + 2]).view(np.float16)[..., 0].astype(np.float32)
-        bad = ~np.isfinite(v)
-        if bad.any():
-            r, blk = (int(i[0]) for i in np.nonzero(bad))
-            raise ValueError(f"tensor {self.name}: block {blk} of row {r} has a non-finite {what} ({v[r, blk]}); "
-                             "the file is corrupted")
-        return v
-
-    def nibbles(self, off: int, n: int) -> np.ndarray:
-        """Bytes [off, off + n) as 2n 4-bit codes: low nibbles first, then high (uint8 [N, nb, 2n])."""
-        q = self.b[..., off:off + n]
-        return np.concatenate([q & 15, q >> 4], axis=-1)
-
-
-def _rows(q: np.ndarray) -> np.ndarray:
-    """[N, nb, ...] -> [N, K]."""
-    return np.ascontiguousarray(q.reshape(q.shape[0], -1))
 
 
 def _k_scale_min(b: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -79,42 +57,42 @@ def _five_bit(low4: np.ndarray, qh: np.ndarray) -> np.ndarray:
     return low4 | (bits << 4)
 
 
-def _q4_1(t: _Blocks) -> Part:
+def _q4_1(t: Blocks) -> Part:
     d, m = t.f16(0), t.f16(2, "m")
-    return Part("int", _rows(t.nibbles(4, 16)), d, mins=-m, codebook=UNSIGNED4)
+    return Part("int", rows(t.nibbles(4, 16)), d, mins=-m, codebook=UNSIGNED4)
 
 
-def _q5_0(t: _Blocks) -> Part:
+def _q5_0(t: Blocks) -> Part:
     d = t.f16(0)
     q = _five_bit(t.nibbles(6, 16), t.b[..., 2:6]).astype(np.int8) - np.int8(16)
-    return Part("int", _rows(q), d)
+    return Part("int", rows(q), d)
 
 
-def _q5_1(t: _Blocks) -> Part:
+def _q5_1(t: Blocks) -> Part:
     d, m = t.f16(0), t.f16(2, "m")
-    return Part("int", _rows(_five_bit(t.nibbles(8, 16), t.b[..., 4:8]).astype(np.int8)), d, mins=-m)
+    return Part("int", rows(_five_bit(t.nibbles(8, 16), t.b[..., 4:8]).astype(np.int8)), d, mins=-m)
 
 
-def _k_quant_scales(t: _Blocks) -> Tuple[np.ndarray, np.ndarray]:
+def _k_quant_scales(t: Blocks) -> Tuple[np.ndarray, np.ndarray]:
     d, dmin = t.f16(0), t.f16(2, "dmin")
     sc, mn = _k_scale_min(t.b[..., 4:16])
-    return _rows(d[..., None] * sc), _rows(dmin[..., None] * mn)
+    return rows(d[..., None] * sc), rows(dmin[..., None] * mn)
 
 
-def _q4_k(t: _Blocks) -> Part:
+def _q4_k(t: Blocks) -> Part:
     s, m = _k_quant_scales(t)
     q = np.concatenate([t.nibbles(16 + 32 * c, 32) for c in range(4)], axis=-1)   # 64 per 32 bytes
-    return Part("int", _rows(q), s, mins=m, codebook=UNSIGNED4)
+    return Part("int", rows(q), s, mins=m, codebook=UNSIGNED4)
 
 
-def _q5_k(t: _Blocks) -> Part:
+def _q5_k(t: Blocks) -> Part:
     s, m = _k_quant_scales(t)
     low = np.concatenate([t.nibbles(48 + 32 * c, 32) for c in range(4)], axis=-1).reshape(*t.b.shape[:2], 8, 32)
     bit = (t.b[..., None, 16:48] >> np.arange(8, dtype=np.uint8)[:, None]) & 1    # sub-block j: bit j of qh[i]
-    return Part("int", _rows((low | (bit << 4)).astype(np.int8)), s, mins=m)
+    return Part("int", rows((low | (bit << 4)).astype(np.int8)), s, mins=m)
 
 
-def _q6_k(t: _Blocks) -> Part:
+def _q6_k(t: Blocks) -> Part:
     d = t.f16(208)
     sc = t.b[..., 192:208].view(np.int8).astype(np.float32)
     halves = []
@@ -123,37 +101,37 @@ def _q6_k(t: _Blocks) -> Part:
         lo = [ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4]
         halves += [lo[i] | (((qh >> (2 * i)) & 3) << 4) for i in range(4)]
     q = np.concatenate(halves, axis=-1).astype(np.int8) - np.int8(32)
-    return Part("int", _rows(q), _rows(d[..., None] * sc))
+    return Part("int", rows(q), rows(d[..., None] * sc))
 
 
-def _iq4_nl(t: _Blocks) -> Part:
-    return Part("int", _rows(t.nibbles(2, 16)), t.f16(0), codebook=IQ4_NL_VALUES)
+def _iq4_nl(t: Blocks) -> Part:
+    return Part("int", rows(t.nibbles(2, 16)), t.f16(0), codebook=IQ4_NL_VALUES)
 
 
-def _iq4_xs(t: _Blocks) -> Part:
+def _iq4_xs(t: Blocks) -> Part:
     d = t.f16(0)
     sh = np.ascontiguousarray(t.b[..., 2:4]).view(np.uint16)[..., 0]
     j = np.arange(8)
     ls = ((t.b[..., 4 + j // 2] >> (4 * (j % 2)).astype(np.uint8)) & 15) | \
          (((sh[..., None] >> (2 * j).astype(np.uint16)) & 3) << 4).astype(np.uint8)
     q = np.concatenate([t.nibbles(8 + 16 * i, 16) for i in range(8)], axis=-1)
-    return Part("int", _rows(q), _rows(d[..., None] * (ls.astype(np.float32) - 32)), codebook=IQ4_NL_VALUES)
+    return Part("int", rows(q), rows(d[..., None] * (ls.astype(np.float32) - 32)), codebook=IQ4_NL_VALUES)
 
 
-def _mxfp4(t: _Blocks) -> Part:
-    return Part("int", _rows(t.nibbles(1, 16)), mxfp4_scales(t.b[..., 0]), codebook=MXFP4_VALUES)
+def _mxfp4(t: Blocks) -> Part:
+    return Part("int", rows(t.nibbles(1, 16)), mxfp4_scales(t.b[..., 0]), codebook=MXFP4_VALUES)
 
 
-def _q4_0(t: _Blocks) -> Part:
-    return Part("int", _rows(t.nibbles(2, 16).astype(np.int8) - np.int8(8)), t.f16(0))
+def _q4_0(t: Blocks) -> Part:
+    return Part("int", rows(t.nibbles(2, 16).astype(np.int8) - np.int8(8)), t.f16(0))
 
 
-def _q8_0(t: _Blocks) -> Part:
-    return Part("int", _rows(np.ascontiguousarray(t.b[..., 2:]).view(np.int8)), t.f16(0))
+def _q8_0(t: Blocks) -> Part:
+    return Part("int", rows(np.ascontiguousarray(t.b[..., 2:]).view(np.int8)), t.f16(0))
 
 
 # type -> (native scheme, group, elements per block, bytes per block, decoder, codebook, mins)
-_QUANT: Dict[str, Tuple[str, int, int, int, Callable[[_Blocks], Part], Optional[tuple], bool]] = {
+_QUANT: Dict[str, Tuple[str, int, int, int, Callable[[Blocks], Part], Optional[tuple], bool]] = {
     "Q4_0": ("int4_w4a8", 32, 32, 18, _q4_0, None, False),
     "Q4_1": ("int4_w4a8", 32, 32, 20, _q4_1, UNSIGNED4, True),
     "Q5_0": ("int8_w8a8", 32, 32, 22, _q5_0, None, False),
@@ -165,12 +143,26 @@ _QUANT: Dict[str, Tuple[str, int, int, int, Callable[[_Blocks], Part], Optional[
     "IQ4_NL": ("int4_w4a8", 32, 32, 18, _iq4_nl, IQ4_NL_VALUES, False),
     "IQ4_XS": ("int4_w4a8", 32, 256, 136, _iq4_xs, IQ4_NL_VALUES, False),
     "MXFP4": ("int4_w4a8", 32, 32, 17, _mxfp4, MXFP4_VALUES, False),
+    # the low-bit types (gguf_lowbit.py)
+    "Q2_K": ("int8_w8a8", 16, 256, 84, lb.q2_k, None, True),
+    "Q3_K": ("int8_w8a8", 16, 256, 110, lb.q3_k, None, False),
+    "TQ1_0": ("int4_w4a8", 256, 256, 54, lb.tq1_0, None, False),
+    "TQ2_0": ("int4_w4a8", 256, 256, 66, lb.tq2_0, None, False),
+    "IQ1_S": ("int4_w4a8", 32, 256, 50, lb.iq1_s, IQ1_VALUES, False),
+    "IQ1_M": ("int8_w8a8", 16, 256, 56, lb.iq1_m, None, False),
+    "IQ2_XXS": ("int4_w4a8", 32, 256, 66, lb.iq2_xxs, IQ2_VALUES, False),
+    "IQ2_XS": ("int8_w8a8", 16, 256, 74, lb.iq2_xs, None, False),
+    "IQ2_S": ("int8_w8a8", 16, 256, 82, lb.iq2_s, None, False),
+    "IQ3_XXS": ("int4_w4a8", 32, 256, 98, lb.iq3_xxs, IQ3XXS_VALUES, False),
+    "IQ3_S": ("int4_w4a8", 32, 256, 110, lb.iq3_s, IQ3S_VALUES, False),
 }
 _FLOAT = ("BF16", "F16", "F32")
 # ggml's vec-dot type of each weight type (ggml-cpu's type traits): Q8_0 / Q8_1 blocks of 32 (Q8_1 adds the block's
 # sum, which the kernels keep exactly anyway), Q8_K blocks of 256 for the K-quants and IQ4_XS.
 GGML_ACT_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32, "MXFP4": 32,
-                  "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ4_XS": 256}
+                  "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ4_XS": 256,
+                  **{t: 256 for t in ("Q2_K", "Q3_K", "TQ1_0", "TQ2_0", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S",
+                                      "IQ3_XXS", "IQ3_S")}}
 # What a GGUF layer runs by default: ggml's block, or the finer 32 where ggml's is 256. Blocks of 32 cost the
 # kernels the same as 256 (one scale per group of 32 either way; integer mins stay) and give the K-quants and
 # IQ4_XS about 1.2e-2 layer error against 1.8e-2 (ik_llama.cpp without run-time repack computes them with blocks
@@ -242,7 +234,7 @@ def _decode(t: Any, row: np.ndarray, N: int, K: int) -> Part:
     typ = _type(t)
     if typ in _QUANT:
         _, _, blk, size, dec, _, _ = _QUANT[typ]
-        return dec(_Blocks(np.asarray(row, np.uint8).reshape(N, K // blk, size), t.name))
+        return dec(Blocks(np.asarray(row, np.uint8).reshape(N, K // blk, size), t.name))
     if typ == "BF16":
         return Part("float", from_bf16_bits(np.asarray(row).view(np.uint16).reshape(N, K)))
     return Part("float", np.asarray(row, np.float32).reshape(N, K))   # F16 / F32

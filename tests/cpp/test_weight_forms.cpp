@@ -1,6 +1,6 @@
 // test_weight_forms.cpp — the int kernels on the checkpoint weight forms: int4 codebooks (IQ4_NL,
-// MXFP4 e2m1 x 2, unsigned 0..15, the int8 extremes), float group offsets (mins) on int4 and int8,
-// and int8 with group 16 (GGUF Q6_K), against a direct double computation of the dequantized math.
+// MXFP4 e2m1 x 2, unsigned 0..15, IQ2 / IQ3_XXS / IQ1 values, the int8 extremes), float group offsets (mins) on
+// int4 and int8, int8 with group 16 (GGUF Q6_K, Q3_K, Q2_K with mins) and int4 in groups of 256 (TQ), against a direct double computation of the dequantized math.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +20,9 @@ using test::int_kernels;
 constexpr int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 constexpr int8_t kMxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 constexpr int8_t kUnsigned[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+constexpr int8_t kIq2[16] = {-43, -25, -8, 8, 25, 43};  // IQ2_XXS's grid values, signed (the rest unused)
+constexpr int8_t kIq3xxs[16] = {-62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20, 28, 36, 44, 52, 62};
+constexpr int8_t kIq1[16] = {-9, -7, -1, 1, 7, 9};  // IQ1_S: 8 (grid + delta)
 constexpr int8_t kExtremes[16] = {-128, 127, -128, 127, -1, 1, 0, 0, -128, 127, 5, -5, 64, -64, 100, -100};
 
 struct FormCase {
@@ -75,6 +78,13 @@ const FormCase kForms[] = {
     {"Int8_5bit_G32_Mins_M13", false, nullptr, true, 13, 40, 320, 32, false, false, 0, 31},      // int8 row tiles
     {"Int8_6bit_G16_KScales_M14", false, nullptr, false, 14, 40, 256, 16, false, true, -32, 31},
     {"Int8_6bit_G16_Top_M12", false, nullptr, false, 12, 48, 128, 16, false, false, -32, 31, true},
+    {"Int8_2bit_G16_KScales_KMins_M1", false, nullptr, true, 1, 48, 256, 16, true, true, 0, 3},   // Q2_K
+    {"Int8_2bit_G16_KScales_KMins_M9", false, nullptr, true, 9, 40, 512, 16, true, true, 0, 3},
+    {"Int8_3bit_G16_KScales_M6", false, nullptr, false, 6, 40, 256, 16, false, true, -4, 3},       // Q3_K
+    {"Signed_G256_M5", true, nullptr, false, 5, 40, 512, 256},                                      // TQ1_0, TQ2_0
+    {"Iq2_M3", true, kIq2, false, 3, 40, 256, 32},                                                  // IQ2_XXS
+    {"Iq3xxs_M1", true, kIq3xxs, false, 1, 48, 256, 32},                                            // IQ3_XXS
+    {"Iq1_M7", true, kIq1, false, 7, 40, 256, 32},                                                  // IQ1_S
 };
 
 class WeightFormTest : public ::testing::TestWithParam<const KernelDesc*> {};
@@ -246,6 +256,15 @@ TEST_P(WeightFormTest, ActivationBlocksMatchDequantizedMath) {
           int ex = 0;
           const float mant = std::frexp(float(dmin[size_t((i / G) * G + (i % G) / 8 * 8)]), &ex);
           mn[size_t(i)] = std::ldexp(std::round(std::ldexp(mant, 11)), std::max(ex, -13) - 11) * float(m6[size_t(i)]);
+        }
+      }
+      if (c.kscales) {  // d (an fp16 value) per run of 8 groups times small integers, as in the test above
+        const auto d = test::gaussian(g, size_t(E * N * G), 0.1f);
+        const auto sc = c.mins ? test::ints(g, size_t(E * N * G), 0, 63) : test::ints(g, size_t(E * N * G), -32, 31);
+        for (int64_t i = 0; i < E * N * G; ++i) {
+          int ex = 0;
+          const float mant = std::frexp(float(d[size_t((i / G) * G + (i % G) / 8 * 8)]), &ex);
+          s[size_t(i)] = std::ldexp(std::round(std::ldexp(mant, 11)), std::max(ex, -13) - 11) * float(sc[size_t(i)]);
         }
       }
       PackedExperts p = c.int4 ? pack_int4(q.data(), E, N, K, s.data(), c.group, nullptr, c.codebook, c.mins ? mn.data() : nullptr)

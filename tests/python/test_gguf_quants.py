@@ -1,5 +1,6 @@
 """GGUF quantized types as llama.cpp users hold them (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL,
-IQ4_XS, MXFP4, beside Q4_0 / Q8_0): random valid blocks written with gguf.GGUFWriter load losslessly
+IQ4_XS, MXFP4, beside Q4_0 / Q8_0, and the low-bit Q2_K, Q3_K, TQ1_0, TQ2_0, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S,
+IQ3_XXS, IQ3_S): random valid blocks written with gguf.GGUFWriter load losslessly
 (unpack() equals gguf.quants.dequantize bit for bit) and fused_experts matches the reference on
 them; mixed types in one layer, shared experts; bad files raise a clear ValueError in a subprocess."""
 import struct
@@ -17,13 +18,19 @@ from test_loaders import L, assert_load_raises, gguf_meta, write_gguf
 
 T = gguf.GGMLQuantizationType
 # type -> (elements per block, bytes per block, [(offset, kind)] of its scale fields, |value| size)
-# kind "d": an fp16 scale, "m": an fp16 offset, "e": MXFP4's e8m0 exponent byte.
+# kind "d": an fp16 scale, "m": an fp16 offset, "e": MXFP4's e8m0 exponent byte, "d4": IQ1_M's fp16 d, a nibble in
+# the top of each of 4 u16 words.
 LAYOUT = {
     "Q4_0": (32, 18, [(0, "d")], 4), "Q4_1": (32, 20, [(0, "d"), (2, "m")], 8),
     "Q5_0": (32, 22, [(0, "d")], 8), "Q5_1": (32, 24, [(0, "d"), (2, "m")], 16),
     "Q8_0": (32, 34, [(0, "d")], 64), "Q4_K": (256, 144, [(0, "d"), (2, "m")], 250),
     "Q5_K": (256, 176, [(0, "d"), (2, "m")], 500), "Q6_K": (256, 210, [(208, "d")], 1000),
     "IQ4_NL": (32, 18, [(0, "d")], 60), "IQ4_XS": (256, 136, [(0, "d")], 1000), "MXFP4": (32, 17, [(0, "e")], 5),
+    "Q2_K": (256, 84, [(80, "d"), (82, "m")], 30), "Q3_K": (256, 110, [(108, "d")], 60),
+    "TQ1_0": (256, 54, [(52, "d")], 1), "TQ2_0": (256, 66, [(64, "d")], 1),
+    "IQ1_S": (256, 50, [(0, "d")], 8), "IQ1_M": (256, 56, [(48, "d4")], 8),
+    "IQ2_XXS": (256, 66, [(0, "d")], 100), "IQ2_XS": (256, 74, [(0, "d")], 100), "IQ2_S": (256, 82, [(0, "d")], 100),
+    "IQ3_XXS": (256, 98, [(0, "d")], 250), "IQ3_S": (256, 110, [(0, "d")], 250),
 }
 TYPES = sorted(LAYOUT)
 
@@ -46,6 +53,12 @@ def raw_blocks(rng, typ, shape, full_range=False):
         else:
             sign = np.where(rng.random(b.shape[:-1]) < 0.5, -1.0, 1.0)
             v = (sign * rng.uniform(0.5, 1.5, b.shape[:-1]) / (mag * np.sqrt(K))).astype(np.float16)
+        if kind == "d4":
+            w = np.ascontiguousarray(b[..., off:off + 8]).view(np.uint16) & np.uint16(0x0FFF)
+            for i in range(4):
+                w[..., i] |= ((v.view(np.uint16) >> np.uint16(4 * i)) & np.uint16(15)) << np.uint16(12)
+            b[..., off:off + 8] = w.view(np.uint8)
+            continue
         b[..., off:off + 2] = v[..., None].view(np.uint8)
     return b.reshape(*lead, -1)
 
@@ -123,13 +136,18 @@ def test_unpack_equals_gguf_dequantize_bit_for_bit(tmp_path, rng, typ):
 
 FORM = {"Q4_0": "int4", "Q4_1": "int4+codebook+mins", "Q5_0": "int8", "Q5_1": "int8+mins", "Q8_0": "int8",
         "Q4_K": "int4+codebook+mins", "Q5_K": "int8+mins", "Q6_K": "int8", "IQ4_NL": "int4+codebook",
-        "IQ4_XS": "int4+codebook", "MXFP4": "int4+codebook"}
+        "IQ4_XS": "int4+codebook", "MXFP4": "int4+codebook",
+        "Q2_K": "int8+mins", "Q3_K": "int8", "TQ1_0": "int4", "TQ2_0": "int4", "IQ1_S": "int4+codebook", "IQ1_M": "int8",
+        "IQ2_XXS": "int4+codebook", "IQ2_XS": "int8", "IQ2_S": "int8", "IQ3_XXS": "int4+codebook",
+        "IQ3_S": "int4+codebook"}
+# The group of each form: the file's scale blocks (16, 32, or TQ's 256).
+GROUP = {t: 32 for t in FORM} | {t: 16 for t in ("Q6_K", "Q2_K", "Q3_K", "IQ1_M", "IQ2_XS", "IQ2_S")} | \
+    {"TQ1_0": 256, "TQ2_0": 256}
 
 
 # ggml's vec-dot blocks are 32 (Q8_0 / Q8_1) or 256 (Q8_K for the K-quants and IQ4_XS); a GGUF layer runs 32 for
 # every type, ggml's or finer (docs/numerics.md "Activation blocks")
-GGUF_ACT_BLOCK = {t: 32 for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4", "Q4_K", "Q5_K", "Q6_K",
-                                  "IQ4_XS")}
+GGUF_ACT_BLOCK = {t: 32 for t in FORM}
 
 
 @pytest.mark.isa
@@ -140,7 +158,7 @@ def test_layer_of_one_type(tmp_path, rng, typ, M):
     lw = load_layer(path, L)      # GGUF keeps int8 activations by default, in ggml's blocks, as llama.cpp computes them
     assert lw.w13.form == lw.w2.form == FORM[typ] and lw.scheme in moe_cpu.A8_SCHEMES
     assert lw.w13.act_block == lw.w2.act_block == GGUF_ACT_BLOCK[typ]
-    assert lw.w2.group_size == (16 if typ == "Q6_K" else 32)
+    assert lw.w2.group_size == GROUP[typ]
     check_layer(rng, lw, keep, M)
     if M in (1, 257):             # 16-bit activations are one argument away, on every form
         a16 = lw.scheme[:-1] + "16"
@@ -162,6 +180,10 @@ def test_layer_of_one_type(tmp_path, rng, typ, M):
     (("Q4_K", "Q6_K", "IQ4_XS"), ("int8+mins", "int4+codebook")),      # gate and up differ: w13 widens to int8 g16
     (("IQ4_XS", "IQ4_NL", "MXFP4"), ("int4+codebook", "int4+codebook")),
     (("MXFP4", "IQ4_NL", "Q8_0"), ("int8", "int8")),                   # two codebooks: int8 values
+    (("Q2_K", "Q2_K", "Q3_K"), ("int8+mins", "int8")),                 # the dynamic quants' Q2_K experts, down a step up
+    (("IQ2_XXS", "IQ2_XXS", "IQ3_XXS"), ("int4+codebook", "int4+codebook")),   # a codebook each
+    (("IQ1_S", "IQ1_M", "IQ2_XS"), ("int8", "int8")),                  # g32 codebook with g16: int8 values in groups of 16
+    (("TQ1_0", "TQ2_0", "IQ3_S"), ("int4", "int4+codebook")),
 ])
 def test_mixed_types_in_one_layer(tmp_path, rng, types, forms):
     path, keep = moe_file(tmp_path, rng, types)
@@ -228,6 +250,28 @@ BAD = [("truncated_block", ["m.gguf"]),
 @pytest.mark.parametrize("label,needles", BAD, ids=[b[0] for b in BAD])
 def test_bad_files_raise_value_error(tmp_path, label, needles):
     assert_load_raises(tmp_path, _bad_file(tmp_path, label), None, label, needles)
+
+
+# A non-finite scale field of a low-bit type: (type, byte offset of its fp16 in a block, name in the error).
+LOWBIT_BAD = [("Q2_K", 82, "dmin"), ("Q3_K", 108, "d"), ("TQ1_0", 52, "d"), ("IQ2_XXS", 0, "d"), ("IQ1_M", -1, "d")]
+
+
+@pytest.mark.parametrize("typ,off,what", LOWBIT_BAD, ids=[b[0] for b in LOWBIT_BAD])
+def test_low_bit_non_finite_scales_raise_value_error(tmp_path, rng, typ, off, what):
+    """A NaN / inf d or dmin in one block of the layer's down tensor: a ValueError naming the tensor and the field."""
+    path, _ = moe_file(tmp_path, rng, (typ,) * 3, E=2)
+    data = bytearray(path.read_bytes())
+    r = gguf.GGUFReader(str(path))
+    t = next(t for t in r.tensors if t.name == f"blk.{L}.ffn_down_exps.weight")
+    at = int(t.data_offset) + LAYOUT[typ][1] * 3          # the fourth block: row 3 (rows of I = 256, one block)
+    if off < 0:   # IQ1_M: d's fp16 in the top nibbles of the last 4 u16 words; 0x7e00 is NaN
+        w = np.frombuffer(bytes(data[at + 48:at + 56]), np.uint16) & 0x0FFF
+        w = w | (np.array([0xE, 0x0, 0xE, 0x7], np.uint16) << 12)
+        data[at + 48:at + 56] = w.astype("<u2").tobytes()
+    else:
+        data[at + off:at + off + 2] = np.array([np.inf], np.float16).view(np.uint8).tobytes()
+    path.write_bytes(bytes(data))
+    assert_load_raises(tmp_path, path, None, typ, [f"blk.{L}.ffn_down_exps.weight", f"non-finite {what}", "row 3"])
 
 
 @pytest.mark.slow

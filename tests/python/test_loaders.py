@@ -563,11 +563,11 @@ def _bad(tmp_path, label):
     rng = np.random.default_rng(0)
     E, H, I = 4, 64, 32
     if label.startswith("gguf"):
-        H = 256 if label == "gguf_q2_k" else H
+        H = 256 if label == "gguf_q8_1" else H
         tensors, _ = gguf_moe(rng, "qwen3moe", E, H, I, ("F16",) * 3)
         meta = gguf_meta("qwen3moe", E, H, I)
-        if label == "gguf_q2_k":        # 84-byte Q2_K super-blocks of 256 elements (not supported)
-            tensors[f"blk.{L}.ffn_up_exps.weight"] = (np.zeros((E, I, 84), np.uint8), T.Q2_K)
+        if label == "gguf_q8_1":        # Q8_1 (ggml's activation type, 40-byte blocks of 32): not an expert type
+            tensors[f"blk.{L}.ffn_up_exps.weight"] = (np.zeros((E, I, 8 * 40), np.uint8), T.Q8_1)
         elif label == "gguf_missing_key":
             del meta["qwen3moe.expert_used_count"]
         elif label == "gguf_wrong_shape":
@@ -642,7 +642,7 @@ BAD = [  # label, substrings the ValueError message must contain
     ("st_no_config", ["config.json"]),
     ("st_requantize", ["already quantized", "scheme='bf16'"]),
     ("unknown_format", ["unknown checkpoint format"]),
-    ("gguf_q2_k", ["unsupported GGUF type Q2_K for tensor blk.1.ffn_up_exps.weight"]),
+    ("gguf_q8_1", ["unsupported GGUF type Q8_1 for tensor blk.1.ffn_up_exps.weight", "Q2_K", "IQ1_M"]),
     ("gguf_missing_key", ["'qwen3moe.expert_used_count'", "missing"]),
     ("gguf_wrong_shape", ["blk.1.ffn_down_exps.weight", "shape"]),
     ("gguf_missing_tensor", ["missing tensor blk.1.ffn_gate_exps.weight"]),

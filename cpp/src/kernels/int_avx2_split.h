@@ -160,10 +160,11 @@ struct IntAvx2Split {
 // runs. Each step's int16 pair sums (<= 2 * 2 * 63 * 127 < 2^15; 5-bit: two steps', <= 4 * 2 * 31 * 127) times the
 // group's scales in their vpmaddwd; a zero point (kZc: Q6_K's 32) as minus zc * scale * code sum per group, one more
 // vpmaddwd of (zc * scale, 0) pairs and the row's int32 code sum; an int32 sum per run (|sum| <= 8 * (128 * 32 * 63
-// * 127 + 128 * 128 * 32 * 127) < 2^31).
+// * 127 + 128 * 128 * 32 * 127) < 2^31). Integer mins need the int16 code sums (imins_f32: not Q2_K's groups of 16
+// under blocks of 256, which IntAvx2Split takes).
 inline bool split_runs_fit(const PackedExperts& w, const ActRows& a) {
   const int64_t gl = w.group_len();
-  return (gl == 16 || gl == 32) && w.iscale_groups == kIMinRun && (!w.has_mins || w.imin_groups) &&
+  return (gl == 16 || gl == 32) && w.iscale_groups == kIMinRun && (!w.has_mins || (w.imin_groups && !imins_f32(w))) &&
          (!a.bscale || (a.NP == 1 && w.act_block % (gl * kIMinRun) == 0));
 }
 // kZc: the (zc * scale, 0) int16 pairs of m's scales (zc * 128 <= 2^14 in magnitude).

@@ -20,6 +20,10 @@ touch build/py/.installed
 # `torch` would download a CUDA build), transformers for the Hugging Face model checks, JAX (CPU) for the
 # DLPack tests.
 python3 -m pip install -q torch==2.13.0 transformers==5.23.0 jax==0.10.2 jaxlib==0.10.2
+# ggml's own C dequantization (ik_llama.cpp's libggml, called through ctypes), the second oracle of the GGUF
+# low-bit types (tests/python/test_gguf_quants.py), in build/ (not /tmp/ikpeer, the bench's peer).
+[ -f build/ik_oracle/ik_llama_cpp/lib/libggml.so ] ||
+  python3 -m pip install -q --no-deps --target build/ik_oracle ik-llama-cpp-python==0.1.5
 (cd "${TMPDIR:-/tmp}" && python3 -c "import moe_cpu; print('moe_cpu', moe_cpu.__version__, 'installed; kernels:', moe_cpu.cpu_features()['kernels'])")
 # The Release GoogleTest build that both test.sh modes run (incremental from here on).
 cmake -S . -B build/ctest -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null

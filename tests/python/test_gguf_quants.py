@@ -3,6 +3,8 @@ IQ4_XS, MXFP4, beside Q4_0 / Q8_0, and the low-bit Q2_K, Q3_K, TQ1_0, TQ2_0, IQ1
 IQ3_XXS, IQ3_S): random valid blocks written with gguf.GGUFWriter load losslessly
 (unpack() equals gguf.quants.dequantize bit for bit) and fused_experts matches the reference on
 them; mixed types in one layer, shared experts; bad files raise a clear ValueError in a subprocess."""
+import ctypes
+import os
 import struct
 import subprocess
 import sys
@@ -130,6 +132,54 @@ def test_unpack_equals_gguf_dequantize_bit_for_bit(tmp_path, rng, typ):
             want = np.concatenate([gguf.quants.dequantize(tensors[f"blk.{L}.ffn_{n}_exps.weight"][0], T[typ])
                                    for n in names], axis=1)
         got = packed.unpack()
+        same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+        assert same.all(), f"{typ}: {np.count_nonzero(~same)} values differ, first at {np.argwhere(~same)[0]}"
+
+
+# ggml's C dequantization, the second oracle of the low-bit types (their grids are gguf-py's tables in the loader):
+# ik_llama.cpp's libggml, which scripts/setup.sh installs in build/ik_oracle (or the bench's peer in /tmp/ikpeer).
+# ik's build has no TQ1_0 / TQ2_0 (checked against gguf-py above only).
+GGML_C = ("Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def ggml_c():
+    for d in (os.path.join(ROOT, "build", "ik_oracle"), "/tmp/ikpeer"):
+        lib = os.path.join(d, "ik_llama_cpp", "lib", "libggml.so")
+        if os.path.isfile(lib):
+            c = ctypes.CDLL(lib)
+
+            class Params(ctypes.Structure):   # ggml_init_params
+                _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+            c.ggml_init.argtypes, c.ggml_init.restype = [Params], ctypes.c_void_p
+            c.ggml_free.argtypes = [ctypes.c_void_p]
+            c.ggml_free(c.ggml_init(Params(1 << 16, None, False)))   # fills ggml's fp16 table, which decoding reads
+            return c
+    pytest.skip("no libggml: bash scripts/setup.sh installs it in build/ik_oracle")
+
+
+@pytest.mark.parametrize("typ", GGML_C)
+def test_low_bit_unpack_equals_ggml_c_dequantize(tmp_path, rng, typ):
+    """The low-bit types against ggml's C code (dequantize_row_<type>, its own grids and sign tables), bit for bit,
+    with every finite fp16 scale pattern."""
+    fn = getattr(ggml_c(), "dequantize_row_" + typ.lower().replace("_k", "_K"))
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
+    E, H, I = 2, 256, 512
+    tensors = {}
+    for layer in range(3):
+        tensors[f"blk.{layer}.ffn_gate_inp.weight"] = (np.zeros((E, H), np.float32), None)
+        for name, shape in (("gate", (E, I, H)), ("up", (E, I, H)), ("down", (E, H, I))):
+            tensors[f"blk.{layer}.ffn_{name}_exps.weight"] = (raw_blocks(rng, typ, shape, full_range=True), T[typ])
+    lw = load_layer(write_gguf(tmp_path / "f.gguf", "qwen3moe", gguf_meta("qwen3moe", E, H, I), tensors), L)
+    for packed, names, K in ((lw.w13, ("gate", "up"), H), (lw.w2, ("down",), I)):
+        parts = []
+        for n in names:
+            raw = np.ascontiguousarray(tensors[f"blk.{L}.ffn_{n}_exps.weight"][0])
+            y = np.empty(raw.size // LAYOUT[typ][1] * LAYOUT[typ][0], np.float32)
+            fn(raw.ctypes.data, y.ctypes.data, y.size)
+            parts.append(y.reshape(E, -1, K))
+        want, got = np.concatenate(parts, axis=1), packed.unpack()
         same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
         assert same.all(), f"{typ}: {np.count_nonzero(~same)} values differ, first at {np.argwhere(~same)[0]}"
 

@@ -36,7 +36,7 @@ struct FormCase {
   // int_scales take them as integers
   bool kscales = false;
   int lo8 = -128, hi8 = 127;  // int8: the codes' range (narrow ones: split 5- / 6-bit codes on kernels that take them)
-  bool top = false;           // int8: every code at hi8, activations +-127 (the largest int16 sums of split codes)
+  bool top = false;           // int8: every code at hi8 but one at lo8, activations +-127 (the largest int16 sums of split codes)
 };
 const FormCase kForms[] = {
     {"Iq4nl_M1", true, kIq4nl, false, 1, 40, 256, 32},
@@ -81,6 +81,10 @@ const FormCase kForms[] = {
     {"Int8_2bit_G16_KScales_KMins_M1", false, nullptr, true, 1, 48, 256, 16, true, true, 0, 3},   // Q2_K
     {"Int8_2bit_G16_KScales_KMins_M9", false, nullptr, true, 9, 40, 512, 16, true, true, 0, 3},
     {"Int8_3bit_G16_KScales_M6", false, nullptr, false, 6, 40, 256, 16, false, true, -4, 3},       // Q3_K
+    {"Int8_3bit_G32_M9", false, nullptr, false, 9, 40, 256, 32, false, false, -4, 3},
+    {"Int8_2bit_G32_Mins_M1", false, nullptr, true, 1, 40, 256, 32, false, false, 0, 3},
+    {"Int8_2bit_G16_Top_M7", false, nullptr, false, 7, 32, 256, 16, false, false, 0, 3, true},
+    {"Int8_4bit_G16_Top_M1", false, nullptr, false, 1, 32, 256, 16, false, false, -8, 7, true},
     {"Signed_G256_M5", true, nullptr, false, 5, 40, 512, 256},                                      // TQ1_0, TQ2_0
     {"Iq2_M3", true, kIq2, false, 3, 40, 256, 32},                                                  // IQ2_XXS
     {"Iq3xxs_M1", true, kIq3xxs, false, 1, 48, 256, 32},                                            // IQ3_XXS
@@ -104,7 +108,7 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
     // codes: int4 indices (or signed q), int8 values; the weight value v(code)
     auto q = c.int4 ? (c.codebook ? test::ints(g, size_t(E * N * K), 0, 15) : test::ints(g, size_t(E * N * K), -8, 7))
                     : test::ints(g, size_t(E * N * K), c.lo8, c.hi8);
-    if (c.top) std::fill(q.begin(), q.end(), int8_t(c.hi8));
+    if (c.top) std::fill(q.begin(), q.end(), int8_t(c.hi8)), q[0] = int8_t(c.lo8);  // one low code keeps the span
     auto value = [&](int64_t i) { return c.codebook ? int(c.codebook[uint8_t(q[size_t(i)])]) : int(q[size_t(i)]); };
     auto s = test::gaussian(g, size_t(E * N * G));
     auto mn = test::gaussian(g, size_t(E * N * G), 0.5f);
@@ -136,8 +140,10 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
     set_kernel(p, kd);
     if (c.kquant) EXPECT_EQ(p.imin_groups, kd->int_mins || p.split_bits ? 8 : 0) << "integer mins";
     if (c.kscales) EXPECT_EQ(p.iscale_groups, kd->int_scales ? 8 : 0) << "integer scales";
+    const int span = c.hi8 - c.lo8;
     if (!c.int4 && c.lo8 > -128)
-      EXPECT_EQ(p.split_bits, kd->split_codes ? (c.hi8 - c.lo8 < 32 && c.group == 32 ? 5 : 6) : 0) << "split codes";
+      EXPECT_EQ(p.split_bits, !kd->split_codes ? 0 : span < 4 ? 2 : span < 16 ? 4 : span < 32 && c.group == 32 ? 5 : 6)
+          << "split codes";
     if (c.int4)  // plain or |codebook| codes in groups of 32 along K: qword panels where the kernel takes them
       EXPECT_EQ(p.qword_panels,
                 kd->qword_panels && (!p.code_shuffle || code_table_top(p) > 31) && !a16 && c.group == 32 && K % 32 == 0)
@@ -245,7 +251,7 @@ TEST_P(WeightFormTest, ActivationBlocksMatchDequantizedMath) {
       SCOPED_TRACE(std::string(c.label) + " B=" + std::to_string(B));
       auto q = c.int4 ? (c.codebook ? test::ints(g, size_t(E * N * K), 0, 15) : test::ints(g, size_t(E * N * K), -8, 7))
                       : test::ints(g, size_t(E * N * K), c.lo8, c.hi8);
-    if (c.top) std::fill(q.begin(), q.end(), int8_t(c.hi8));
+    if (c.top) std::fill(q.begin(), q.end(), int8_t(c.hi8)), q[0] = int8_t(c.lo8);  // one low code keeps the span
       auto value = [&](int64_t i) { return c.codebook ? int(c.codebook[uint8_t(q[size_t(i)])]) : int(q[size_t(i)]); };
       auto s = test::gaussian(g, size_t(E * N * G));
       auto mn = test::gaussian(g, size_t(E * N * G), 0.5f);

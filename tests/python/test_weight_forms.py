@@ -42,7 +42,7 @@ def kquant_scales(rng, E, N, G, lo, hi, K):
 def form_weights(rng, form, E, N, K, a16=False, group=None, top=False):
     """(RefWeights, PackedExperts) of random codes in a GGUF-like form, outputs of unit scale; a16: run them
     with 16-bit activations (int4_w4a16 / int8_w8a16); int8 forms: group overrides the group length, top puts
-    every code at the top of its range."""
+    every code but one (at the bottom) at the top of its range."""
     if form in ("iq4nl", "mxfp4", "q4k", "q4k_dmin", "q4k_ks", "iq4xs"):
         cb = {"iq4nl": IQ4_NL, "mxfp4": MXFP4, "iq4xs": IQ4_NL}.get(form, UNSIGNED)
         g, G = 32, K // 32
@@ -58,14 +58,17 @@ def form_weights(rng, form, E, N, K, a16=False, group=None, top=False):
         sch = "int4_w4a16" if a16 else "int4_w4a8"
         return (ref.RefWeights.int4(q, s, g, codebook=cb, mins=m, scheme=sch),
                 moe_cpu.pack_int4(q, s, g, codebook=cb, mins=m, scheme=sch))
-    g = group or (16 if form.startswith("q6k") else 32)
-    lo, hi = (-32, 31) if form.startswith("q6k") else (0, 31)
+    g = group or (16 if form.startswith(("q6k", "q2k", "q3k")) else 32)
+    lo, hi = {"q6k": (-32, 31), "q2k": (0, 3), "q3k": (-4, 3)}.get(form[:3], (0, 31))
     q = np.full((E, N, K), hi, np.int8) if top else rng.integers(lo, hi + 1, (E, N, K)).astype(np.int8)
+    if top:
+        q[0, 0, 0] = lo   # one code at the bottom keeps the codes' span
     s = (rng.uniform(0.5, 1.5, (E, N, K // g)) / (20 * np.sqrt(K))).astype(np.float32)
-    if form in ("q6k_ks", "q5k_ks"):   # Q6_K: d * int8 per 16, Q5_K: d * 6-bit per 32 (a d per run of 8 groups)
-        s = kquant_scales(rng, E, N, K // g, *((-128, 127) if form == "q6k_ks" else (0, 63)), K) * 32
+    if form in ("q6k_ks", "q5k_ks", "q2k_ks", "q3k_ks"):   # d * int per 16 or 32 (a d per run of 8 groups)
+        span = {"q6k_ks": (-128, 127), "q2k_ks": (0, 15), "q3k_ks": (-32, 31)}.get(form, (0, 63))
+        s = kquant_scales(rng, E, N, K // g, *span, K) * 32
     m = (s * rng.uniform(0, 31, s.shape)).astype(np.float32) if form == "q5k" else None
-    m = kquant_mins(rng, E, N, K // g) if form in ("q5k_dmin", "q5k_ks") else m
+    m = kquant_mins(rng, E, N, K // g) if form in ("q5k_dmin", "q5k_ks") or form.startswith("q2k") else m
     sch = "int8_w8a16" if a16 else "int8_w8a8"
     return ref.RefWeights.int8(q, s, g, mins=m, scheme=sch), moe_cpu.pack_int8(q, s, g, mins=m, scheme=sch)
 
@@ -237,7 +240,7 @@ def int_form_kernel(p):
     amx = ("amx", "amx_model")
     int4 = p.scheme == "int4_w4a8"
     return isa in (("avx512vnni", "avx2", "avx2vnni") + amx if int4 else ("avx512vnni",) + amx) or \
-        (not int4 and p.code_bits in (5, 6))
+        (not int4 and p.code_bits in (2, 4, 5, 6))
 
 
 @pytest.mark.parametrize("form", ["q4k_dmin", "q5k_dmin", "q4k", "q5k"])
@@ -367,29 +370,31 @@ def test_fp16_scales_run_as_fp16_on_x86(rng, tmp_path, form, a16):
 
 
 def split_code_kernel(p):
-    """Whether p's kernel takes split 5- / 6-bit int8 codes: the AVX2 vpmaddubsw one (w8a8_avx2)."""
+    """Whether p's kernel takes split 2- / 4- / 5- / 6-bit int8 codes: the AVX2 vpmaddubsw one (w8a8_avx2)."""
     return p.kernel.startswith("w8a8_avx2_")
 
 
 @pytest.mark.parametrize("form,bits", [("q5k", 5), ("q6k", 6), ("q5k_ks", 5), ("q6k_ks", 6), ("q6k_g32", 6),
-                                       ("q6k_top", 6), ("q5k_g16", 6), ("q8_0", 8)])
+                                       ("q6k_top", 6), ("q5k_g16", 6), ("q8_0", 8), ("q2k", 2), ("q2k_ks", 2),
+                                       ("q2k_top", 2), ("q3k", 4), ("q3k_ks", 4), ("q3k_g32", 4), ("q3k_top", 4)])
 def test_narrow_int8_codes_run_split_on_avx2(rng, tmp_path, form, bits):
-    # int8 codes that span at most 32 / 64 values (Q5_K's 0..31 in groups of 32, Q6_K's -32..31 in groups of 16) are
-    # held as 5 / 6-bit split codes by the AVX2 kernel: 5.x / 6.x bits a weight instead of 8. 5-bit codes in groups
-    # of 16 take 6 bits; "top" puts every code at its range's top (the largest int16 sums); q8_0 codes stay int8.
-    # Exact either way: against the reference, and through a file (which holds the int8 codes).
+    # int8 codes that span at most 4 / 16 / 32 / 64 values (Q2_K's 0..3 and Q3_K's -4..3 in groups of 16, Q5_K's
+    # 0..31 in groups of 32, Q6_K's -32..31 in groups of 16) are held as 2 / 4 / 5 / 6-bit split codes by the AVX2
+    # kernel instead of 8 bits. 5-bit codes in groups of 16 take 6 bits; "top" puts every code at its range's top (the
+    # largest int16 sums); q8_0 codes stay int8. Exact either way: against the reference, and through a file (which
+    # holds the int8 codes).
     E, k, H, I = 3, 2, 320, 64
-    base = {"q6k_g32": "q6k", "q6k_top": "q6k", "q5k_g16": "q5k"}.get(form, form)
+    base = form[:3] if form.endswith(("_g32", "_top", "_g16")) else form
     if form == "q8_0":
         r13, p13 = fp16_scaled(rng, "q8_0", E, 2 * I, H)
     else:
-        r13, p13 = form_weights(rng, base, E, 2 * I, H, group=32 if form == "q6k_g32" else 16 if form == "q5k_g16" else None,
-                                top=form == "q6k_top")
+        r13, p13 = form_weights(rng, base, E, 2 * I, H, group=32 if form.endswith("_g32") else 16 if form == "q5k_g16" else None,
+                                top=form.endswith("_top"))
     r2, p2 = form_weights(rng, "q6k", E, H, I)
     split = split_code_kernel(p13) and bits < 8
     assert p13.code_bits == (bits if split else 8)
-    if split:   # split codes take integer mins (q5k_ks: dmin * 6-bit m), widened to the same float mins per group
-        assert p13.has_int_mins == (form == "q5k_ks")
+    if split:   # split codes take integer mins (q5k_ks, q2k: dmin * 6-bit m), widened to the same float mins per group
+        assert p13.has_int_mins == (form == "q5k_ks" or form.startswith("q2k"))
     assert p2.code_bits == (6 if split_code_kernel(p2) else 8)
     np.testing.assert_array_equal(p13.unpack_quantized()["qweight"], r13.codes)
     x = make_input(rng, 37, H)

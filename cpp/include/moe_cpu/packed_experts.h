@@ -90,9 +90,9 @@ struct PackedExperts {
   // as GGUF's Q4_0 / Q8_0 / Q5_0 / IQ4_NL d are): `scales` holds fp16 codes in the same order, 2 bytes a group and
   // column instead of 4 (Q4_0: 4.5 bits a weight, as ggml's blocks). derive_half_scales, int_forms.cpp.
   bool half_scales = false;
-  // Split codes (int8 weights whose values span at most 2^split_bits, 5 or 6 bits, as GGUF's Q5_K / Q6_K, for a
-  // kernel with KernelDesc::split_codes): q = w + split_zero in [0, 2^split_bits), qweight holding q's low nibbles in
-  // the int4 panel layout and qhigh its high bits (cpp/src/moe/split_codes.h): 5 or 6 bits a weight instead of 8.
+  // Split codes (int8 weights whose values span at most 2^split_bits, 2, 4, 5 or 6 bits, as GGUF's Q2_K, Q3_K, Q5_K /
+  // Q6_K, for a kernel with KernelDesc::split_codes): q = w + split_zero in [0, 2^split_bits), qweight holding q's low
+  // bits (nibbles in the int4 panel layout, or a 2-bit plane) and qhigh its high bits (cpp/src/moe/split_codes.h).
   int split_bits = 0;  // 0: int8 panels
   int split_zero = 0;
   AlignedBuffer qhigh;

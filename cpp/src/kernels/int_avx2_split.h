@@ -1,6 +1,7 @@
-// int_avx2_split.h — the vpmaddubsw int8 kernel (w8a8_avx2) on split 5- / 6-bit codes (PackedExperts::split_bits,
-// layout in moe/split_codes.h; GGUF Q5_K in groups of 32, Q6_K in groups of 16): per 8-k step one load of low
-// nibbles and a shift + AND of the high-bit vector give q = w + split_zero in [0, 63] for two steps of 4 k, and
+// int_avx2_split.h — the vpmaddubsw int8 kernel (w8a8_avx2) on split 2- / 4- / 5- / 6-bit codes
+// (PackedExperts::split_bits, layout in moe/split_codes.h; GGUF Q2_K and Q3_K in groups of 16, Q5_K in groups of 32,
+// Q6_K in groups of 16): per 8-k step one load of low bits (nibbles or a 2-bit plane) and a shift + AND of the
+// high-bit vector give q = w + split_zero in [0, 63] for two steps of 4 k, and
 // vpmaddubsw(q, a) + vpmaddwd sum them exactly (a step's pair <= 2 * 2 * 63 * 127 < 2^15); the group's int32 sum
 // minus split_zero * its code sum is then w . a, met by the same fp32 operations as IntAvx2 / IntAvx2G32 (block
 // scale, group scale, float mins), so every tier gives the same bits. Integer mins (Q5_K's dmin * 6-bit m, read as
@@ -44,12 +45,48 @@ inline __attribute__((always_inline)) void split_unroll(const F& f) {
   }
 }
 
-// kXb high bits a code (1: 5-bit codes, 2: 6-bit), kS steps of 8 k a group (2: groups of 16, 4: of 32), kBlk: a block
-// scale per group (A8 activation blocks).
-template <int kXb, int kBlk, int kS, int kF = 0>  // kF: the row tiles' terms (g32_terms)
+// The codes of kBits-bit split codes (2, 4, 5, 6): lb low bits (nibbles, or a 2-bit plane) ORed with xb high bits.
+template <int kBits>
+struct SplitBits {
+  static constexpr int kLb = kBits == 2 ? 2 : 4, kXb = kBits - kLb;
+  static constexpr int kLowSpv = 4 / kLb, kSpv = kXb ? 4 / kXb : 1;  // steps per 64-byte vector of each plane
+  // Bytes of a group of kS steps in each plane.
+  static constexpr int64_t low_bytes(int kS) { return kS / kLowSpv * 64; }
+  static constexpr int64_t high_bytes(int kS) { return kXb ? kS / kSpv * 64 : 0; }
+  const __m256i lmask, hmask;
+  SplitBits() : lmask(_mm256_set1_epi8(char((1 << kLb) - 1))), hmask(_mm256_set1_epi8(char(((1 << kXb) - 1) << kLb))) {}
+  // Step t of a group: lo (k0 .. k0 + 3) and hi (k0 + 4 .. k0 + 7) of 8 columns, from this half's 32 bytes of the
+  // group's low bits gl and high bits gh.
+  template <int t>
+  __attribute__((always_inline)) void at(const uint8_t* gl, const uint8_t* gh, __m256i& lo, __m256i& hi) const {
+    const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(gl + (t / kLowSpv) * 64));
+    constexpr int j = kLb == 4 ? 0 : 4 * (t % 2);  // the 2-bit plane: fields 2 (t % 2) and 2 (t % 2) + 1
+    lo = _mm256_and_si256(_mm256_srli_epi16(v, j), lmask);
+    hi = _mm256_and_si256(_mm256_srli_epi16(v, j + kLb), lmask);
+    if constexpr (kXb != 0) {
+      constexpr int jh = 2 * (t % kSpv);
+      const __m256i hv = _mm256_load_si256(reinterpret_cast<const __m256i*>(gh + (t / kSpv) * 64));
+      lo = _mm256_or_si256(lo, split_high<kXb, jh>(hv, hmask));
+      hi = _mm256_or_si256(hi, split_high<kXb, jh + 1>(hv, hmask));
+    }
+  }
+  // Decode: both planes' vectors of group gi ~kDecodePrefetchBytes of codes ahead, into L2.
+  template <int kS>
+  __attribute__((always_inline)) static void prefetch(const uint8_t* gl, const uint8_t* gh) {
+    _Pragma("GCC unroll 4") for (int v = 0; v < kS / kLowSpv; ++v)
+      _mm_prefetch((const char*)(gl + v * 64 + kDecodePrefetchBytes * kLb / 4), _MM_HINT_T1);
+    if constexpr (kXb != 0)
+      _Pragma("GCC unroll 2") for (int v = 0; v < kS / kSpv; ++v)
+        _mm_prefetch((const char*)(gh + v * 64 + kDecodePrefetchBytes * kXb / 4), _MM_HINT_T1);
+  }
+};
+
+// kBits-bit codes (SplitBits), kS steps of 8 k a group (2: groups of 16, 4: of 32), kBlk: a block scale per group (A8
+// activation blocks).
+template <int kBits, int kBlk, int kS, int kF = 0>  // kF: the row tiles' terms (g32_terms)
 struct IntAvx2Split {
-  static constexpr int kSpv = 4 / kXb;  // steps per high-bit vector
-  static_assert(kS % kSpv == 0, "whole high-bit vectors per group");
+  using U = SplitBits<kBits>;
+  static_assert(kS % U::kSpv == 0 && kS % U::kLowSpv == 0, "whole vectors per group");
 
   // One row, column block b.
   static void decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
@@ -59,27 +96,23 @@ struct IntAvx2Split {
     const DecodeRow<kBlk> r(w, e, b, a);
     const int8_t* y = r.y;
     const GroupSidePrefetch side(w, r.forms, r.sx, true);
-    const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    const __m256i hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));
+    const __m256i ones = _mm256_set1_epi16(1);
+    const U u;
     const int zc = w.split_zero;
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     r.groups(G, [&](int64_t gi, const __m256* run_d, const __m256* run_dm) __attribute__((always_inline)) {
       side.at<1>(gi);
-      const uint8_t* gn = pn + gi * kS * 64;
-      const uint8_t* gh = ph + gi * (kS / kSpv) * 64;
-      _Pragma("GCC unroll 4") for (int t = 0; t < kS; ++t) _mm_prefetch((const char*)(gn + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
-      _Pragma("GCC unroll 2") for (int v = 0; v < kS / kSpv; ++v)
-        _mm_prefetch((const char*)(gh + v * 64 + kDecodePrefetchBytes * kXb / 4), _MM_HINT_T1);
+      const uint8_t* gn = pn + gi * U::low_bytes(kS);
+      const uint8_t* gh = ph + gi * U::high_bytes(kS);
+      U::template prefetch<kS>(gn, gh);
       __m256i s32[2];
       s32[0] = s32[1] = _mm256_set1_epi32(-zc * r.asr[gi]);
       split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
-        constexpr int t = decltype(tc)::value, j = 2 * (t % kSpv);
+        constexpr int t = decltype(tc)::value;
         const __m256i b0 = bcast4(y + (gi * kS + t) * 8), b1 = bcast4(y + (gi * kS + t) * 8 + 4);
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
-          const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(gn + t * 64 + h * 32));
-          const __m256i hv = _mm256_load_si256(reinterpret_cast<const __m256i*>(gh + (t / kSpv) * 64 + h * 32));
-          const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low4), split_high<kXb, j>(hv, hmask));
-          const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), split_high<kXb, j + 1>(hv, hmask));
+          __m256i lo, hi;
+          u.template at<t>(gn + h * 32, gh + h * 32, lo, hi);
           const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, b0), _mm256_maddubs_epi16(hi, b1));
           s32[h] = _mm256_add_epi32(s32[h], _mm256_madd_epi16(p, ones));
         }
@@ -103,8 +136,8 @@ struct IntAvx2Split {
       const TileMins mins(w, a, forms, sbase);  // float mins, or integer ones (Q5_K)
       const G32Rows<MR, kBlk, kF> rows(a, r0, G, w.split_zero);
       const auto& arow = rows.arow;
-      const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-      const __m256i hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));
+      const __m256i ones = _mm256_set1_epi16(1);
+      const U u;
       NextGroupPrefetch<> pf(w, e, b, 1, r0, MR, a.rows, 2 * a.Kp / 8);
       alignas(32) float out[MR][16];
       for (int h = 0; h < 2; ++h) {
@@ -112,18 +145,14 @@ struct IntAvx2Split {
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
         for (int64_t gi = 0; gi < G; ++gi) {
           pf.steps(kS);
-          const uint8_t* gn = pn + gi * kS * 64 + h * 32;
-          const uint8_t* gh = ph + gi * (kS / kSpv) * 64 + h * 32;
+          const uint8_t* gn = pn + gi * U::low_bytes(kS) + h * 32;
+          const uint8_t* gh = ph + gi * U::high_bytes(kS) + h * 32;
           const __m256 sv = forms.scales(a.blk_scales, 0, gi, h * 8, sc, sbase + gi * 16 + h * 8);
           alignas(32) float imv[8];
           const float* gmn = (kF & kG32Mins) ? mins.at(gi, h * 8, imv) : nullptr;
           __m256i lo[kS], hi[kS];
           split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
-            constexpr int t = decltype(tc)::value, j = 2 * (t % kSpv);
-            const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(gn + t * 64));
-            const __m256i hv = _mm256_load_si256(reinterpret_cast<const __m256i*>(gh + (t / kSpv) * 64));
-            lo[t] = _mm256_or_si256(_mm256_and_si256(v, low4), split_high<kXb, j>(hv, hmask));
-            hi[t] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), split_high<kXb, j + 1>(hv, hmask));
+            u.template at<decltype(tc)::value>(gn, gh, lo[decltype(tc)::value], hi[decltype(tc)::value]);
           });
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
             // each step's 4 + 4 activation bytes: broadcast loads, no vpshufd
@@ -131,7 +160,7 @@ struct IntAvx2Split {
             __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], bcast4(y)), _mm256_maddubs_epi16(hi[0], bcast4(y + 4)));
             __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], bcast4(y + 8)), _mm256_maddubs_epi16(hi[1], bcast4(y + 12)));
             __m256i exact;
-            if constexpr (kXb == 1) {  // 5-bit codes: two steps' pairs add in int16 (<= 4 * 2 * 31 * 127)
+            if constexpr (kBits <= 5) {  // codes <= 31: two steps' pairs add in int16 (<= 4 * 2 * 31 * 127)
               exact = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones);
             } else {
               exact = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
@@ -139,7 +168,7 @@ struct IntAvx2Split {
             if constexpr (kS == 4) {
               const __m256i p2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[2], bcast4(y + 16)), _mm256_maddubs_epi16(hi[2], bcast4(y + 20)));
               const __m256i p3 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[3], bcast4(y + 24)), _mm256_maddubs_epi16(hi[3], bcast4(y + 28)));
-              if constexpr (kXb == 1)
+              if constexpr (kBits <= 5)
                 exact = _mm256_add_epi32(exact, _mm256_madd_epi16(_mm256_add_epi16(p2, p3), ones));
               else
                 exact = _mm256_add_epi32(exact, _mm256_add_epi32(_mm256_madd_epi16(p2, ones), _mm256_madd_epi16(p3, ones)));
@@ -173,9 +202,9 @@ __attribute__((always_inline)) inline __m256i split_zero_scales(__m256i m, __m25
   if constexpr (!kZc) return m;
   return _mm256_and_si256(_mm256_mullo_epi16(m, zc16), _mm256_set1_epi32(0xffff));
 }
-template <int kXb, int kS, int kBlk, bool kMins, bool kZc>
+template <int kBits, int kS, int kBlk, bool kMins, bool kZc>
 struct IntAvx2SplitRuns {
-  static constexpr int kSpv = 4 / kXb;  // steps per high-bit vector
+  using U = SplitBits<kBits>;
   // One row, column block b: the row tiles' integers and fp32 operations in their order.
   static void decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
     const int64_t G = a.G;
@@ -185,18 +214,16 @@ struct IntAvx2SplitRuns {
     const GroupSidePrefetch side(w, r.forms, r.sx);
     alignas(32) float corr[2][8];
     if constexpr (kMins) int_mins_term_ymm<2>(r.forms, a.asum16 + r.ri * a.G2, r.bsr, nullptr, corr);
-    const __m256i low4 = _mm256_set1_epi8(0x0f), hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));
+    const U u;
     const __m256i zc16 = _mm256_set1_epi16(int16_t(w.split_zero));
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t g0 = 0; g0 < G; g0 += kIMinRun) {
       __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
       for (int64_t gi = g0; gi < std::min(G, g0 + kIMinRun); ++gi) {
         side.at<1>(gi);
-        const uint8_t* gn = pn + gi * kS * 64;
-        const uint8_t* gh = ph + gi * (kS / kSpv) * 64;
-        _Pragma("GCC unroll 4") for (int t = 0; t < kS; ++t) _mm_prefetch((const char*)(gn + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
-        _Pragma("GCC unroll 2") for (int v = 0; v < kS / kSpv; ++v)
-          _mm_prefetch((const char*)(gh + v * 64 + kDecodePrefetchBytes * kXb / 4), _MM_HINT_T1);
+        const uint8_t* gn = pn + gi * U::low_bytes(kS);
+        const uint8_t* gh = ph + gi * U::high_bytes(kS);
+        U::template prefetch<kS>(gn, gh);
         const __m256i m[2] = {run_scales(r.forms.isc_at(0, gi)), run_scales(r.forms.isc_at(0, gi) + 8)};
         if constexpr (kZc) {
           const __m256i as = _mm256_set1_epi32(r.asr[gi]);
@@ -204,13 +231,11 @@ struct IntAvx2SplitRuns {
             isum[h] = _mm256_sub_epi32(isum[h], _mm256_madd_epi16(split_zero_scales<kZc>(m[h], zc16), as));
         }
         split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
-          constexpr int t = decltype(tc)::value, j = 2 * (t % kSpv);
+          constexpr int t = decltype(tc)::value;
           const __m256i b0 = bcast4(r.y + (gi * kS + t) * 8), b1 = bcast4(r.y + (gi * kS + t) * 8 + 4);
           _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
-            const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(gn + t * 64 + h * 32));
-            const __m256i hv = _mm256_load_si256(reinterpret_cast<const __m256i*>(gh + (t / kSpv) * 64 + h * 32));
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low4), split_high<kXb, j>(hv, hmask));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), split_high<kXb, j + 1>(hv, hmask));
+            __m256i lo, hi;
+            u.template at<t>(gn + h * 32, gh + h * 32, lo, hi);
             const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, b0), _mm256_maddubs_epi16(hi, b1));
             isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(p, m[h]));
           }
@@ -235,7 +260,7 @@ struct IntAvx2SplitRuns {
       const RunRows<MR, kBlk, kMins> rows(a, r0, forms);
       const int32_t* asr[MR];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) asr[r] = a.asum + a.row_idx[r0 + r] * G;
-      const __m256i low4 = _mm256_set1_epi8(0x0f), hmask = _mm256_set1_epi8(char(((1 << kXb) - 1) << 4));
+      const U u;
       const __m256i zc16 = _mm256_set1_epi16(int16_t(w.split_zero));
       NextGroupPrefetch<> pf(w, e, b, 1, r0, MR, a.rows, 2 * a.Kp / 8);
       alignas(32) float out[MR][16];
@@ -247,17 +272,13 @@ struct IntAvx2SplitRuns {
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
           for (int64_t gi = g0; gi < std::min(G, g0 + kIMinRun); ++gi) {
             pf.steps(kS);
-            const uint8_t* gn = pn + gi * kS * 64 + h * 32;
-            const uint8_t* gh = ph + gi * (kS / kSpv) * 64 + h * 32;
+            const uint8_t* gn = pn + gi * U::low_bytes(kS) + h * 32;
+            const uint8_t* gh = ph + gi * U::high_bytes(kS) + h * 32;
             const __m256i m = run_scales(forms.isc_at(0, gi) + h * 8);
             [[maybe_unused]] const __m256i mz = split_zero_scales<kZc>(m, zc16);
             __m256i lo[kS], hi[kS];
             split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
-              constexpr int t = decltype(tc)::value, j = 2 * (t % kSpv);
-              const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(gn + t * 64));
-              const __m256i hv = _mm256_load_si256(reinterpret_cast<const __m256i*>(gh + (t / kSpv) * 64));
-              lo[t] = _mm256_or_si256(_mm256_and_si256(v, low4), split_high<kXb, j>(hv, hmask));
-              hi[t] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), split_high<kXb, j + 1>(hv, hmask));
+              u.template at<decltype(tc)::value>(gn, gh, lo[decltype(tc)::value], hi[decltype(tc)::value]);
             });
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
               const int8_t* y = rows.arow[r] + gi * kS * 8;
@@ -266,7 +287,7 @@ struct IntAvx2SplitRuns {
                 p[t] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[t], bcast4(y + 8 * t)), _mm256_maddubs_epi16(hi[t], bcast4(y + 8 * t + 4)));
               __m256i x = kZc ? _mm256_sub_epi32(isum[r], _mm256_madd_epi16(mz, _mm256_set1_epi32(asr[r][gi]))) : isum[r];
               _Pragma("GCC unroll 2") for (int t = 0; t < kS; t += 2) {
-                if constexpr (kXb == 1)  // 5-bit codes: two steps' pairs add in int16
+                if constexpr (kBits <= 5)  // codes <= 31: two steps' pairs add in int16
                   x = _mm256_add_epi32(x, _mm256_madd_epi16(_mm256_add_epi16(p[t], p[t + 1]), m));
                 else
                   x = _mm256_add_epi32(x, _mm256_add_epi32(_mm256_madd_epi16(p[t], m), _mm256_madd_epi16(p[t + 1], m)));
@@ -287,9 +308,9 @@ struct IntAvx2SplitRuns {
     }
   };
 };
-template <int kXb, int kS, int kBlk, bool kMins, bool kZc>
+template <int kBits, int kS, int kBlk, bool kMins, bool kZc>
 void split_runs_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  using T = IntAvx2SplitRuns<kXb, kS, kBlk, kMins, kZc>;
+  using T = IntAvx2SplitRuns<kBits, kS, kBlk, kMins, kZc>;
   if (a.rows == 1) {
     for (int64_t b = b0; b < b1; ++b) T::decode(w, e, b, a, c + (b - b0) * 16);
     return;
@@ -298,32 +319,32 @@ void split_runs_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, co
 }
 // The forms that occur: Q5_K (5-bit, integer mins, no zero point), Q6_K (6-bit in groups of 16, zero point 32), and
 // either kind with or without each term.
-template <int kXb, int kS, int kBlk>
+template <int kBits, int kS, int kBlk>
 void split_runs(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
   const bool zc = w.split_zero != 0;
-  if (w.has_mins) return zc ? split_runs_as<kXb, kS, kBlk, true, true>(w, e, b0, b1, a, c, ldc)
-                            : split_runs_as<kXb, kS, kBlk, true, false>(w, e, b0, b1, a, c, ldc);
-  zc ? split_runs_as<kXb, kS, kBlk, false, true>(w, e, b0, b1, a, c, ldc)
-     : split_runs_as<kXb, kS, kBlk, false, false>(w, e, b0, b1, a, c, ldc);
+  if (w.has_mins) return zc ? split_runs_as<kBits, kS, kBlk, true, true>(w, e, b0, b1, a, c, ldc)
+                            : split_runs_as<kBits, kS, kBlk, true, false>(w, e, b0, b1, a, c, ldc);
+  zc ? split_runs_as<kBits, kS, kBlk, false, true>(w, e, b0, b1, a, c, ldc)
+     : split_runs_as<kBits, kS, kBlk, false, false>(w, e, b0, b1, a, c, ldc);
 }
 
-template <int kXb, int kBlk, int kS>
+template <int kBits, int kBlk, int kS>
 void split_tiles(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
   with_g32_terms<kG32Zc | kG32Mins>(g32_terms(w.split_zero, w.has_mins), [&](auto kf) __attribute__((always_inline)) {
-    drive_even<IntAvx2Split<kXb, kBlk, kS, decltype(kf)::value>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+    drive_even<IntAvx2Split<kBits, kBlk, kS, decltype(kf)::value>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
   });
 }
 
-template <int kXb, int kBlk, int kS>
+template <int kBits, int kBlk, int kS>
 void int8_avx2_split_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                              int64_t ldc) {
-  if (split_runs_fit(w, a)) return split_runs<kXb, kS, kBlk>(w, e, b0, b1, a, c, ldc);
+  if (split_runs_fit(w, a)) return split_runs<kBits, kS, kBlk>(w, e, b0, b1, a, c, ldc);
   if (a.rows == 1) {
-    for (int64_t b = b0; b < b1; ++b) IntAvx2Split<kXb, kBlk, kS>::decode(w, e, b, a, c + (b - b0) * 16);
+    for (int64_t b = b0; b < b1; ++b) IntAvx2Split<kBits, kBlk, kS>::decode(w, e, b, a, c + (b - b0) * 16);
     return;
   }
   if (!w.imin_groups || !block_scratch_pays(a))  // integer mins: widened per row tile (Q5_K at M = 128: one a block)
-    return split_tiles<kXb, kBlk, kS>(w, e, b0, b1, a, c, ldc);
+    return split_tiles<kBits, kBlk, kS>(w, e, b0, b1, a, c, ldc);
   // three row tiles or more a block: its integer mins widened once for all of them (Q5_K, M = 512, against float
   // mins: 1.034 per tile, 1.006-1.029 so)
   thread_local std::vector<float> buf;
@@ -333,18 +354,27 @@ void int8_avx2_split_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int6
   ab.blk_mins = blk;
   for (int64_t b = b0; b < b1; ++b) {
     store_block_forms(w, e, b, a.G, nullptr, blk);
-    split_tiles<kXb, kBlk, kS>(w, e, b, b + 1, ab, c + (b - b0) * 16, ldc);
+    split_tiles<kBits, kBlk, kS>(w, e, b, b + 1, ab, c + (b - b0) * 16, ldc);
   }
 }
 
-// The int8 GEMM on split codes: 5-bit codes in groups of 32, 6-bit in groups of 16 or 32 (derive_split_codes), per
-// token or with a block scale per group (activation blocks are never shorter than these groups).
+// The int8 GEMM on split codes: 5-bit codes in groups of 32, 2-, 4- and 6-bit in groups of 16 or 32
+// (derive_split_codes), per token or with a block scale per group (activation blocks are never shorter than these).
+template <int kBits, int kBlk>
+void int8_avx2_split_gemm_bits(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
+                               int64_t ldc) {
+  if (kBits == 5 || w.group_len() == 32) return int8_avx2_split_gemm_as<kBits, kBlk, 4>(w, e, b0, b1, a, c, ldc);
+  if constexpr (kBits != 5) int8_avx2_split_gemm_as<kBits, kBlk, 2>(w, e, b0, b1, a, c, ldc);
+}
 template <int kBlk>
 void int8_avx2_split_gemm_blk(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                               int64_t ldc) {
-  if (w.split_bits == 5) return int8_avx2_split_gemm_as<1, kBlk, 4>(w, e, b0, b1, a, c, ldc);
-  if (w.group_len() == 16) return int8_avx2_split_gemm_as<2, kBlk, 2>(w, e, b0, b1, a, c, ldc);
-  int8_avx2_split_gemm_as<2, kBlk, 4>(w, e, b0, b1, a, c, ldc);
+  switch (w.split_bits) {
+    case 2: return int8_avx2_split_gemm_bits<2, kBlk>(w, e, b0, b1, a, c, ldc);
+    case 4: return int8_avx2_split_gemm_bits<4, kBlk>(w, e, b0, b1, a, c, ldc);
+    case 5: return int8_avx2_split_gemm_bits<5, kBlk>(w, e, b0, b1, a, c, ldc);
+    default: return int8_avx2_split_gemm_bits<6, kBlk>(w, e, b0, b1, a, c, ldc);
+  }
 }
 inline void int8_avx2_split_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                                  int64_t ldc) {

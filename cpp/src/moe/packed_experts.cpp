@@ -57,7 +57,9 @@ AlignedBuffer AlignedBuffer::view(const uint8_t* p, size_t n, std::shared_ptr<co
 
 int64_t PackedExperts::padded_k() const { return layout::padded_k(scheme, in_features); }
 
-int64_t PackedExperts::panel_bytes() const { return layout::panel_bytes(split_bits ? Scheme::kInt4W4A8 : scheme, in_features); }
+int64_t PackedExperts::panel_bytes() const {
+  return split_bits ? split_low_bytes(padded_k(), split_bits) : layout::panel_bytes(scheme, in_features);
+}
 
 int PackedExperts::zero(int64_t e, int64_t n, int64_t gi) const {
   if (has_zeros) return zeros.data()[scale_index(e, n, gi)];

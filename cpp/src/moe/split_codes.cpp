@@ -1,4 +1,4 @@
-// split_codes.cpp — int8 panels to split 5- / 6-bit codes and back (layout: split_codes.h).
+// split_codes.cpp — int8 panels to split 2- / 4- / 5- / 6-bit codes and back (layout: split_codes.h).
 #include "moe/split_codes.h"
 
 #include <algorithm>
@@ -32,45 +32,50 @@ void derive_split_codes(PackedExperts& p) {
     for (int v = lo.load(); l < v && !lo.compare_exchange_weak(v, l);) {}
     for (int v = hi.load(); h > v && !hi.compare_exchange_weak(v, h);) {}
   });
-  const int l0 = lo.load(), span = hi.load() - l0, bits = span < 32 && gl == 32 ? 5 : span < 64 ? 6 : 0;
-  if (!bits || span < 0) return;
+  const int l0 = lo.load(), span = hi.load() - l0;
+  const int bits = span < 0 ? 0 : span < 4 ? 2 : span < 16 ? 4 : span < 32 && gl == 32 ? 5 : span < 64 ? 6 : 0;
+  if (!bits) return;
   const int zero = 128 - l0;  // q = w + zero = u - l0
-  const int64_t Kp = p.padded_k(), steps = Kp / 8, spv = split_spv(bits), xb = split_xb(bits);
-  const int64_t nib_bytes = layout::panel_bytes(Scheme::kInt4W4A8, K), high_bytes = split_high_bytes(Kp, bits);
-  AlignedBuffer nib(size_t(panels * nib_bytes)), high(size_t(panels * high_bytes));
+  const int64_t Kp = p.padded_k(), steps = Kp / 8, xb = split_xb(bits), lb = split_lb(bits);
+  const int64_t low_bytes = split_low_bytes(Kp, bits), high_bytes = split_high_bytes(Kp, bits);
+  AlignedBuffer low(size_t(panels * low_bytes)), high(size_t(panels * high_bytes));
+  // field j of a plane of xb-bit fields (layout: split_codes.h)
+  const auto put = [](uint8_t* plane, int64_t xb, int64_t t, int64_t b, int64_t j, int v) {
+    const int64_t spv = 4 / xb;
+    plane[(t / spv) * 64 + b] |= uint8_t(v << (xb * (2 * (t % spv) + j)));
+  };
   parallel_for(panels, [&](int64_t pi) {
     const uint8_t* src = u + pi * i8_bytes;  // int8 step s (4 k): byte 4c + i = w(4s + i) + 128
-    uint8_t* dn = nib.data() + pi * nib_bytes;
+    uint8_t* dl = low.data() + pi * low_bytes;
     uint8_t* dh = high.data() + pi * high_bytes;
     for (int64_t t = 0; t < steps; ++t)
       for (int64_t b = 0; b < 4 * valid(pi); ++b) {  // b = 4c + i
-        const int ql = src[(2 * t) * 64 + b] - l0, qh = src[(2 * t + 1) * 64 + b] - l0;
-        dn[t * 64 + b] = uint8_t((ql & 15) | (qh & 15) << 4);
-        const int j = int(2 * (t % spv));
-        dh[(t / spv) * 64 + b] |= uint8_t((ql >> 4) << (xb * j) | (qh >> 4) << (xb * (j + 1)));
+        const int q[2] = {src[(2 * t) * 64 + b] - l0, src[(2 * t + 1) * 64 + b] - l0};
+        for (int j = 0; j < 2; ++j) {
+          if (lb == 4) dl[t * 64 + b] |= uint8_t((q[j] & 15) << (4 * j));
+          else put(dl, 2, t, b, j, q[j] & 3);
+          if (xb) put(dh, xb, t, b, j, q[j] >> lb);
+        }
       }
   });
-  p.qweight = std::move(nib), p.qhigh = std::move(high), p.split_bits = bits, p.split_zero = zero;
+  p.qweight = std::move(low), p.qhigh = std::move(high), p.split_bits = bits, p.split_zero = zero;
 }
 
 AlignedBuffer joined_codes(const PackedExperts& p) {
   const int64_t K = p.in_features, Kp = p.padded_k(), steps = Kp / 8, panels = p.num_experts * p.num_blocks();
-  const int64_t i8_bytes = layout::panel_bytes(Scheme::kInt8W8A8, K), nib_bytes = p.panel_bytes();
-  const int64_t high_bytes = split_high_bytes(Kp, p.split_bits), spv = split_spv(p.split_bits), xb = split_xb(p.split_bits);
-  const int mask = (1 << xb) - 1, shift = 128 - p.split_zero;  // u = q - zero + 128
+  const int64_t i8_bytes = layout::panel_bytes(Scheme::kInt8W8A8, K), low_bytes = p.panel_bytes();
+  const int64_t high_bytes = split_high_bytes(Kp, p.split_bits);
+  const int shift = 128 - p.split_zero;  // u = q - zero + 128
   const int64_t NB = p.num_blocks(), N = p.out_features;
   AlignedBuffer out(size_t(panels * i8_bytes));  // padding columns stay 0, as the packers leave them
   parallel_for(panels, [&](int64_t pi) {
-    const uint8_t* sn = p.qweight.data() + pi * nib_bytes;
+    const uint8_t* sl = p.qweight.data() + pi * low_bytes;
     const uint8_t* sh = p.qhigh.data() + pi * high_bytes;
     uint8_t* d = out.data() + pi * i8_bytes;
     const int64_t valid = std::min<int64_t>(16, N - 16 * (pi % NB));
     for (int64_t t = 0; t < steps; ++t)
-      for (int64_t b = 0; b < 4 * valid; ++b) {
-        const int j = int(2 * (t % spv)), hv = sh[(t / spv) * 64 + b];
-        d[(2 * t) * 64 + b] = uint8_t(((sn[t * 64 + b] & 15) | (hv >> (xb * j) & mask) << 4) + shift);
-        d[(2 * t + 1) * 64 + b] = uint8_t((sn[t * 64 + b] >> 4 | (hv >> (xb * (j + 1)) & mask) << 4) + shift);
-      }
+      for (int64_t b = 0; b < 4 * valid; ++b)
+        for (int j = 0; j < 2; ++j) d[(2 * t + j) * 64 + b] = uint8_t(split_code(sl, sh, p.split_bits, t, b, j) + shift);
   });
   return out;
 }

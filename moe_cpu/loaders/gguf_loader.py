@@ -167,7 +167,10 @@ GGML_ACT_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "I
 # kernels the same as 256 (one scale per group of 32 either way; integer mins stay) and give the K-quants and
 # IQ4_XS about 1.2e-2 layer error against 1.8e-2 (ik_llama.cpp without run-time repack computes them with blocks
 # of 32 too: bench/ik_peer.py, docs/performance.md, "How it is measured").
-ACT_BLOCK = {t: min(b, 32) for t, b in GGML_ACT_BLOCK.items()}
+# Q2_K and Q3_K (groups of 16) take 128, still finer than ggml's 256: one activation scale per run of 8 groups lets
+# the AVX2 split codes sum whole runs in int32 (docs/numerics.md); on Zen 3 against 32: Q2_K decode 0.86 -> 0.56 ms,
+# M = 512 214 -> 156 ms, error 1.1e-2 -> 1.5e-2 (ik's 1.8e-2; docs/performance.md).
+ACT_BLOCK = {t: min(b, 32) for t, b in GGML_ACT_BLOCK.items()} | {"Q2_K": 128, "Q3_K": 128}
 
 
 # Type ids that gguf-py may not know, by the names ik_llama.cpp gives them (its ggml_type_name), for the errors of a

@@ -197,7 +197,7 @@ GROUP = {t: 32 for t in FORM} | {t: 16 for t in ("Q6_K", "Q2_K", "Q3_K", "IQ1_M"
 
 # ggml's vec-dot blocks are 32 (Q8_0 / Q8_1) or 256 (Q8_K for the K-quants and IQ4_XS); a GGUF layer runs 32 for
 # every type, ggml's or finer (docs/numerics.md "Activation blocks")
-GGUF_ACT_BLOCK = {t: 32 for t in FORM}
+GGUF_ACT_BLOCK = {t: 32 for t in FORM} | {"Q2_K": 128, "Q3_K": 128}   # groups of 16: a block per run of 8
 
 
 @pytest.mark.isa

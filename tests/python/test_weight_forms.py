@@ -376,11 +376,11 @@ def split_code_kernel(p):
 
 @pytest.mark.parametrize("form,bits", [("q5k", 5), ("q6k", 6), ("q5k_ks", 5), ("q6k_ks", 6), ("q6k_g32", 6),
                                        ("q6k_top", 6), ("q5k_g16", 6), ("q8_0", 8), ("q2k", 2), ("q2k_ks", 2),
-                                       ("q2k_top", 2), ("q3k", 3), ("q3k_ks", 3), ("q3k_g32", 3), ("q3k_top", 3)])
+                                       ("q2k_top", 2), ("q3k", 4), ("q3k_ks", 4), ("q3k_g32", 4), ("q3k_top", 4)])
 def test_narrow_int8_codes_run_split_on_avx2(rng, tmp_path, form, bits):
-    # int8 codes that span at most 4 / 8 / 32 / 64 values (Q2_K's 0..3 and Q3_K's -4..3 in groups of 16, Q5_K's
-    # 0..31 in groups of 32, Q6_K's -32..31 in groups of 16) are held as 2 / 3 / 5 / 6-bit split codes by the AVX2
-    # kernel instead of 8 bits (3 bits with K in whole 32s, else 4). 5-bit codes in groups of 16 take 6 bits; "top" puts every code at its range's top (the
+    # int8 codes that span at most 4 / 16 / 32 / 64 values (Q2_K's 0..3 and Q3_K's -4..3 in groups of 16, Q5_K's
+    # 0..31 in groups of 32, Q6_K's -32..31 in groups of 16) are held as 2 / 4 / 5 / 6-bit split codes by the AVX2
+    # kernel instead of 8 bits. 5-bit codes in groups of 16 take 6 bits; "top" puts every code at its range's top (the
     # largest int16 sums); q8_0 codes stay int8. Exact either way: against the reference, and through a file (which
     # holds the int8 codes).
     E, k, H, I = 3, 2, 320, 64

@@ -1,4 +1,4 @@
-// int_avx2_split.h — the vpmaddubsw int8 kernel (w8a8_avx2) on split 2- to 6-bit codes
+// int_avx2_split.h — the vpmaddubsw int8 kernel (w8a8_avx2) on split 2- / 4- / 5- / 6-bit codes
 // (PackedExperts::split_bits, layout in moe/split_codes.h; GGUF Q2_K and Q3_K in groups of 16, Q5_K in groups of 32,
 // Q6_K in groups of 16): per 8-k step one load of low bits (nibbles or a 2-bit plane) and a shift + AND of the
 // high-bit vector give q = w + split_zero in [0, 63] for two steps of 4 k, and
@@ -27,10 +27,10 @@
 
 MOE_ISA_BEGIN
 
-// Bits [xb j, xb j + xb) of each byte of hv at bits [at, at + xb) (16-bit shifts: what crosses a byte lands outside).
-template <int kXb, int kJ, int kAt>
+// Bits [xb j, xb j + xb) of each byte of hv at bits [4, 4 + xb) (16-bit shifts: what crosses a byte lands outside).
+template <int kXb, int kJ>
 inline __m256i split_high(__m256i hv, __m256i mask) {
-  constexpr int s = kAt - kXb * kJ;
+  constexpr int s = 4 - kXb * kJ;
   if constexpr (s > 0) return _mm256_and_si256(_mm256_slli_epi16(hv, s), mask);
   else if constexpr (s < 0) return _mm256_and_si256(_mm256_srli_epi16(hv, -s), mask);
   else return _mm256_and_si256(hv, mask);
@@ -45,48 +45,38 @@ inline __attribute__((always_inline)) void split_unroll(const F& f) {
   }
 }
 
-// The codes of kBits-bit split codes (2 to 6) in groups of kS steps: lb low bits (a 2-bit plane, or nibbles) ORed
-// with xb high bits. 3-bit codes in groups of 16 share each high vector between two groups (field offset hoff).
-template <int kBits, int kS>
+// The codes of kBits-bit split codes (2, 4, 5, 6): lb low bits (nibbles, or a 2-bit plane) ORed with xb high bits.
+template <int kBits>
 struct SplitBits {
-  static constexpr int kLb = kBits <= 3 ? 2 : 4, kXb = kBits - kLb;
+  static constexpr int kLb = kBits == 2 ? 2 : 4, kXb = kBits - kLb;
   static constexpr int kLowSpv = 4 / kLb, kSpv = kXb ? 4 / kXb : 1;  // steps per 64-byte vector of each plane
-  static constexpr bool kShared = kS < kSpv;
-  static_assert(kS % kLowSpv == 0 && (kS % kSpv == 0 || kSpv % kS == 0), "whole or shared vectors per group");
-  // Group gi's low bits, its high vector and the high fields' offset there.
-  static const uint8_t* low(const uint8_t* panel, int64_t gi) { return panel + gi * (kS / kLowSpv) * 64; }
-  static const uint8_t* high(const uint8_t* qhigh, int64_t gi) { return qhigh + gi * kS / kSpv * 64; }
-  static int hoff(int64_t gi) { return kShared ? int(gi * kS % kSpv) : 0; }
+  // Bytes of a group of kS steps in each plane.
+  static constexpr int64_t low_bytes(int kS) { return kS / kLowSpv * 64; }
+  static constexpr int64_t high_bytes(int kS) { return kXb ? kS / kSpv * 64 : 0; }
   const __m256i lmask, hmask;
   SplitBits() : lmask(_mm256_set1_epi8(char((1 << kLb) - 1))), hmask(_mm256_set1_epi8(char(((1 << kXb) - 1) << kLb))) {}
   // Step t of a group: lo (k0 .. k0 + 3) and hi (k0 + 4 .. k0 + 7) of 8 columns, from this half's 32 bytes of the
   // group's low bits gl and high bits gh.
   template <int t>
-  __attribute__((always_inline)) void at(const uint8_t* gl, const uint8_t* gh, int hoff, __m256i& lo, __m256i& hi) const {
+  __attribute__((always_inline)) void at(const uint8_t* gl, const uint8_t* gh, __m256i& lo, __m256i& hi) const {
     const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(gl + (t / kLowSpv) * 64));
     constexpr int j = kLb == 4 ? 0 : 4 * (t % 2);  // the 2-bit plane: fields 2 (t % 2) and 2 (t % 2) + 1
     lo = _mm256_and_si256(_mm256_srli_epi16(v, j), lmask);
     hi = _mm256_and_si256(_mm256_srli_epi16(v, j + kLb), lmask);
     if constexpr (kXb != 0) {
+      constexpr int jh = 2 * (t % kSpv);
       const __m256i hv = _mm256_load_si256(reinterpret_cast<const __m256i*>(gh + (t / kSpv) * 64));
-      if constexpr (kShared) {  // fields 2 (hoff + t) and 2 (hoff + t) + 1: shifts by a count
-        const int jh = 2 * (hoff + t);
-        const __m256i a = _mm256_srl_epi16(hv, _mm_cvtsi32_si128(kXb * jh)), b = _mm256_srl_epi16(hv, _mm_cvtsi32_si128(kXb * (jh + 1)));
-        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(a, kLb), hmask));
-        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(b, kLb), hmask));
-      } else {
-        constexpr int jh = 2 * (t % kSpv);
-        lo = _mm256_or_si256(lo, split_high<kXb, jh, kLb>(hv, hmask));
-        hi = _mm256_or_si256(hi, split_high<kXb, jh + 1, kLb>(hv, hmask));
-      }
+      lo = _mm256_or_si256(lo, split_high<kXb, jh>(hv, hmask));
+      hi = _mm256_or_si256(hi, split_high<kXb, jh + 1>(hv, hmask));
     }
   }
-  // Decode: a group's vectors in both planes ~kDecodePrefetchBytes of codes ahead, into L2.
+  // Decode: both planes' vectors of group gi ~kDecodePrefetchBytes of codes ahead, into L2.
+  template <int kS>
   __attribute__((always_inline)) static void prefetch(const uint8_t* gl, const uint8_t* gh) {
     _Pragma("GCC unroll 4") for (int v = 0; v < kS / kLowSpv; ++v)
       _mm_prefetch((const char*)(gl + v * 64 + kDecodePrefetchBytes * kLb / 4), _MM_HINT_T1);
     if constexpr (kXb != 0)
-      _Pragma("GCC unroll 2") for (int v = 0; v < (kShared ? 1 : kS / kSpv); ++v)
+      _Pragma("GCC unroll 2") for (int v = 0; v < kS / kSpv; ++v)
         _mm_prefetch((const char*)(gh + v * 64 + kDecodePrefetchBytes * kXb / 4), _MM_HINT_T1);
   }
 };
@@ -95,7 +85,8 @@ struct SplitBits {
 // activation blocks).
 template <int kBits, int kBlk, int kS, int kF = 0>  // kF: the row tiles' terms (g32_terms)
 struct IntAvx2Split {
-  using U = SplitBits<kBits, kS>;
+  using U = SplitBits<kBits>;
+  static_assert(kS % U::kSpv == 0 && kS % U::kLowSpv == 0, "whole vectors per group");
 
   // One row, column block b.
   static void decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
@@ -111,10 +102,9 @@ struct IntAvx2Split {
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     r.groups(G, [&](int64_t gi, const __m256* run_d, const __m256* run_dm) __attribute__((always_inline)) {
       side.at<1>(gi);
-      const uint8_t* gn = U::low(pn, gi);
-      const uint8_t* gh = U::high(ph, gi);
-      const int ho = U::hoff(gi);
-      U::prefetch(gn, gh);
+      const uint8_t* gn = pn + gi * U::low_bytes(kS);
+      const uint8_t* gh = ph + gi * U::high_bytes(kS);
+      U::template prefetch<kS>(gn, gh);
       __m256i s32[2];
       s32[0] = s32[1] = _mm256_set1_epi32(-zc * r.asr[gi]);
       split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
@@ -122,7 +112,7 @@ struct IntAvx2Split {
         const __m256i b0 = bcast4(y + (gi * kS + t) * 8), b1 = bcast4(y + (gi * kS + t) * 8 + 4);
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
           __m256i lo, hi;
-          u.template at<t>(gn + h * 32, gh + h * 32, ho, lo, hi);
+          u.template at<t>(gn + h * 32, gh + h * 32, lo, hi);
           const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, b0), _mm256_maddubs_epi16(hi, b1));
           s32[h] = _mm256_add_epi32(s32[h], _mm256_madd_epi16(p, ones));
         }
@@ -155,15 +145,14 @@ struct IntAvx2Split {
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
         for (int64_t gi = 0; gi < G; ++gi) {
           pf.steps(kS);
-          const uint8_t* gn = U::low(pn, gi) + h * 32;
-          const uint8_t* gh = U::high(ph, gi) + h * 32;
-          const int ho = U::hoff(gi);
+          const uint8_t* gn = pn + gi * U::low_bytes(kS) + h * 32;
+          const uint8_t* gh = ph + gi * U::high_bytes(kS) + h * 32;
           const __m256 sv = forms.scales(a.blk_scales, 0, gi, h * 8, sc, sbase + gi * 16 + h * 8);
           alignas(32) float imv[8];
           const float* gmn = (kF & kG32Mins) ? mins.at(gi, h * 8, imv) : nullptr;
           __m256i lo[kS], hi[kS];
           split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
-            u.template at<decltype(tc)::value>(gn, gh, ho, lo[decltype(tc)::value], hi[decltype(tc)::value]);
+            u.template at<decltype(tc)::value>(gn, gh, lo[decltype(tc)::value], hi[decltype(tc)::value]);
           });
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
             // each step's 4 + 4 activation bytes: broadcast loads, no vpshufd
@@ -215,7 +204,7 @@ __attribute__((always_inline)) inline __m256i split_zero_scales(__m256i m, __m25
 }
 template <int kBits, int kS, int kBlk, bool kMins, bool kZc>
 struct IntAvx2SplitRuns {
-  using U = SplitBits<kBits, kS>;
+  using U = SplitBits<kBits>;
   // One row, column block b: the row tiles' integers and fp32 operations in their order.
   static void decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
     const int64_t G = a.G;
@@ -232,10 +221,9 @@ struct IntAvx2SplitRuns {
       __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
       for (int64_t gi = g0; gi < std::min(G, g0 + kIMinRun); ++gi) {
         side.at<1>(gi);
-        const uint8_t* gn = U::low(pn, gi);
-        const uint8_t* gh = U::high(ph, gi);
-        const int ho = U::hoff(gi);
-        U::prefetch(gn, gh);
+        const uint8_t* gn = pn + gi * U::low_bytes(kS);
+        const uint8_t* gh = ph + gi * U::high_bytes(kS);
+        U::template prefetch<kS>(gn, gh);
         const __m256i m[2] = {run_scales(r.forms.isc_at(0, gi)), run_scales(r.forms.isc_at(0, gi) + 8)};
         if constexpr (kZc) {
           const __m256i as = _mm256_set1_epi32(r.asr[gi]);
@@ -247,7 +235,7 @@ struct IntAvx2SplitRuns {
           const __m256i b0 = bcast4(r.y + (gi * kS + t) * 8), b1 = bcast4(r.y + (gi * kS + t) * 8 + 4);
           _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
             __m256i lo, hi;
-            u.template at<t>(gn + h * 32, gh + h * 32, ho, lo, hi);
+            u.template at<t>(gn + h * 32, gh + h * 32, lo, hi);
             const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, b0), _mm256_maddubs_epi16(hi, b1));
             isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(p, m[h]));
           }
@@ -284,14 +272,13 @@ struct IntAvx2SplitRuns {
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
           for (int64_t gi = g0; gi < std::min(G, g0 + kIMinRun); ++gi) {
             pf.steps(kS);
-            const uint8_t* gn = U::low(pn, gi) + h * 32;
-            const uint8_t* gh = U::high(ph, gi) + h * 32;
-            const int ho = U::hoff(gi);
+            const uint8_t* gn = pn + gi * U::low_bytes(kS) + h * 32;
+            const uint8_t* gh = ph + gi * U::high_bytes(kS) + h * 32;
             const __m256i m = run_scales(forms.isc_at(0, gi) + h * 8);
             [[maybe_unused]] const __m256i mz = split_zero_scales<kZc>(m, zc16);
             __m256i lo[kS], hi[kS];
             split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
-              u.template at<decltype(tc)::value>(gn, gh, ho, lo[decltype(tc)::value], hi[decltype(tc)::value]);
+              u.template at<decltype(tc)::value>(gn, gh, lo[decltype(tc)::value], hi[decltype(tc)::value]);
             });
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
               const int8_t* y = rows.arow[r] + gi * kS * 8;
@@ -371,7 +358,7 @@ void int8_avx2_split_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int6
   }
 }
 
-// The int8 GEMM on split codes: 5-bit codes in groups of 32, 2-, 3-, 4- and 6-bit in groups of 16 or 32
+// The int8 GEMM on split codes: 5-bit codes in groups of 32, 2-, 4- and 6-bit in groups of 16 or 32
 // (derive_split_codes), per token or with a block scale per group (activation blocks are never shorter than these).
 template <int kBits, int kBlk>
 void int8_avx2_split_gemm_bits(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
@@ -384,7 +371,6 @@ void int8_avx2_split_gemm_blk(const PackedExperts& w, int64_t e, int64_t b0, int
                               int64_t ldc) {
   switch (w.split_bits) {
     case 2: return int8_avx2_split_gemm_bits<2, kBlk>(w, e, b0, b1, a, c, ldc);
-    case 3: return int8_avx2_split_gemm_bits<3, kBlk>(w, e, b0, b1, a, c, ldc);
     case 4: return int8_avx2_split_gemm_bits<4, kBlk>(w, e, b0, b1, a, c, ldc);
     case 5: return int8_avx2_split_gemm_bits<5, kBlk>(w, e, b0, b1, a, c, ldc);
     default: return int8_avx2_split_gemm_bits<6, kBlk>(w, e, b0, b1, a, c, ldc);

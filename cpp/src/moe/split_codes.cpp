@@ -33,13 +33,7 @@ void derive_split_codes(PackedExperts& p) {
     for (int v = hi.load(); h > v && !hi.compare_exchange_weak(v, h);) {}
   });
   const int l0 = lo.load(), span = hi.load() - l0;
-  // 3- and 5-bit codes' high vectors span 4 steps: K in whole 32s
-  const int bits = span < 0             ? 0
-                   : span < 4           ? 2
-                   : span < 8 && K % 32 == 0  ? 3
-                   : span < 16          ? 4
-                   : span < 32 && gl == 32 ? 5
-                   : span < 64          ? 6 : 0;
+  const int bits = span < 0 ? 0 : span < 4 ? 2 : span < 16 ? 4 : span < 32 && gl == 32 ? 5 : span < 64 ? 6 : 0;
   if (!bits) return;
   const int zero = 128 - l0;  // q = w + zero = u - l0
   const int64_t Kp = p.padded_k(), steps = Kp / 8, xb = split_xb(bits), lb = split_lb(bits);

@@ -1,8 +1,8 @@
-// split_codes.h — int8 weights held as 2- to 6-bit codes (PackedExperts::split_bits; GGUF Q2_K, Q3_K, Q5_K, Q6_K):
-// q = w + split_zero in [0, 2^bits). qweight holds q's lb low bits: lb = 4, q & 15 in the int4 panel layout
-// (common/layout.h: per 8-k step 64 bytes, byte 4c + i holding k0 + i low and k0 + 4 + i high), or lb = 2 (2- and
-// 3-bit codes), a plane laid out as the high bits below with xb = 2. qhigh holds q >> lb, xb = bits - lb bits a code
-// (none for 2 and 4), per (expert, column block) in vectors of 64 bytes, each covering spv = 4 / xb steps: its bytes are the
+// split_codes.h — int8 weights held as 2-, 4-, 5- or 6-bit codes (PackedExperts::split_bits; GGUF Q2_K, Q3_K, Q5_K,
+// Q6_K): q = w + split_zero in [0, 2^bits). qweight holds q's lb low bits: lb = 4, q & 15 in the int4 panel layout
+// (common/layout.h: per 8-k step 64 bytes, byte 4c + i holding k0 + i low and k0 + 4 + i high), or lb = 2 (2-bit
+// codes), a plane laid out as the high bits below with xb = 2. qhigh holds q >> 4, xb = bits - lb bits a code (none
+// for 2 and 4), per (expert, column block) in vectors of 64 bytes, each covering spv = 4 / xb steps: its bytes are the
 // steps' bytes (4c + i) and code j = 2 (t % spv) + (k0 + 4 + i) of byte 4c + i keeps its xb bits at [xb j, xb j + xb).
 // A kernel then ORs (vector >> xb j << lb) & mask into the step's low bits (one shift and one AND per 32 codes).
 #pragma once
@@ -12,7 +12,7 @@
 
 namespace moe_cpu {
 
-inline int split_lb(int bits) { return bits <= 3 ? 2 : 4; }
+inline int split_lb(int bits) { return bits == 2 ? 2 : 4; }
 inline int split_xb(int bits) { return bits - split_lb(bits); }
 inline int64_t split_spv(int bits) { return split_xb(bits) ? 4 / split_xb(bits) : 1; }  // steps per qhigh vector
 // Bytes of one (expert, column block) panel's low bits and of its qhigh: padded_k / 8 steps.
@@ -39,8 +39,8 @@ inline int split_q(const PackedExperts& p, int64_t e, int64_t n, int64_t k) {
 }
 
 // Splits p's int8 panels (kernel forms, set_kernel): when p is int8 A8 with groups of 16 or 32 along all of K (at most
-// 512 of them), 5-bit codes only in groups of 32, 3-bit ones with K a multiple of 32, and every value of its columns
-// within 2^2, 2^3, 2^4, 2^5 or 2^6 of the least (a last block's padding columns, never read, take q = 0).
+// 512 of them), 5-bit codes only in groups of 32, and every value of its columns within 2^2, 2^4, 2^5 or 2^6 of the
+// least (a last block's padding columns, never read, take q = 0).
 void derive_split_codes(PackedExperts& p);
 // The int8 panels of split codes (w + 128 per byte), for files and for kernels without the form.
 AlignedBuffer joined_codes(const PackedExperts& p);

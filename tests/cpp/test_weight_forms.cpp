@@ -244,7 +244,7 @@ TEST_P(WeightFormTest, ActivationBlocksMatchDequantizedMath) {
   int ran = 0;
   for (const FormCase& c : kForms) {
     if (c.int4 != (weight_scheme(kd->scheme) == Scheme::kInt4W4A8) || c.codebook == kExtremes) continue;
-    for (int64_t B : {32, 64, 256}) {
+    for (int64_t B : {32, 64, 128, 256}) {
       const int64_t E = 2, e = 1, N = c.N, K = c.K, R = c.rows;
       const int64_t gl = c.group > 0 ? c.group : K, G = K / gl;
       if (K % B || (gl % B && B % gl)) continue;

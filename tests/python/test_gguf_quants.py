@@ -116,10 +116,9 @@ def check_layer(rng, lw, keep, M, k=2):
         assert err < TOL[tol] * 2, f"vs float64 on gguf's dequantized weights: {err:.3g}"
 
 
-@pytest.mark.isa
-@pytest.mark.parametrize("typ", TYPES)
-def test_unpack_equals_gguf_dequantize_bit_for_bit(tmp_path, rng, typ):
-    """Every finite fp16 scale pattern (and every e8m0 byte) through our decoding and unpack()."""
+def check_unpack_bits(tmp_path, rng, typ, dequant):
+    """A layer of random ``typ`` blocks with every finite fp16 scale pattern (and every e8m0 byte): unpack() equals
+    dequant(raw blocks [E, N, bytes]) -> float32 [E, N, K] bit for bit."""
     E, H, I = 2, 256, 512
     tensors = {}
     for layer in range(3):
@@ -129,11 +128,17 @@ def test_unpack_equals_gguf_dequantize_bit_for_bit(tmp_path, rng, typ):
     lw = load_layer(write_gguf(tmp_path / "f.gguf", "qwen3moe", gguf_meta("qwen3moe", E, H, I), tensors), L)
     for packed, names in ((lw.w13, ("gate", "up")), (lw.w2, ("down",))):
         with np.errstate(over="ignore"):   # MXFP4 e = 255 (2^127) times 12 is inf, in both
-            want = np.concatenate([gguf.quants.dequantize(tensors[f"blk.{L}.ffn_{n}_exps.weight"][0], T[typ])
-                                   for n in names], axis=1)
+            want = np.concatenate([dequant(tensors[f"blk.{L}.ffn_{n}_exps.weight"][0]) for n in names], axis=1)
         got = packed.unpack()
         same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
         assert same.all(), f"{typ}: {np.count_nonzero(~same)} values differ, first at {np.argwhere(~same)[0]}"
+
+
+@pytest.mark.isa
+@pytest.mark.parametrize("typ", TYPES)
+def test_unpack_equals_gguf_dequantize_bit_for_bit(tmp_path, rng, typ):
+    """Every finite fp16 scale pattern (and every e8m0 byte) through our decoding and unpack()."""
+    check_unpack_bits(tmp_path, rng, typ, lambda raw: gguf.quants.dequantize(raw, T[typ]))
 
 
 # ggml's C dequantization, the second oracle of the low-bit types (their grids are gguf-py's tables in the loader):
@@ -165,23 +170,14 @@ def test_low_bit_unpack_equals_ggml_c_dequantize(tmp_path, rng, typ):
     with every finite fp16 scale pattern."""
     fn = getattr(ggml_c(), "dequantize_row_" + typ.lower().replace("_k", "_K"))
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
-    E, H, I = 2, 256, 512
-    tensors = {}
-    for layer in range(3):
-        tensors[f"blk.{layer}.ffn_gate_inp.weight"] = (np.zeros((E, H), np.float32), None)
-        for name, shape in (("gate", (E, I, H)), ("up", (E, I, H)), ("down", (E, H, I))):
-            tensors[f"blk.{layer}.ffn_{name}_exps.weight"] = (raw_blocks(rng, typ, shape, full_range=True), T[typ])
-    lw = load_layer(write_gguf(tmp_path / "f.gguf", "qwen3moe", gguf_meta("qwen3moe", E, H, I), tensors), L)
-    for packed, names, K in ((lw.w13, ("gate", "up"), H), (lw.w2, ("down",), I)):
-        parts = []
-        for n in names:
-            raw = np.ascontiguousarray(tensors[f"blk.{L}.ffn_{n}_exps.weight"][0])
-            y = np.empty(raw.size // LAYOUT[typ][1] * LAYOUT[typ][0], np.float32)
-            fn(raw.ctypes.data, y.ctypes.data, y.size)
-            parts.append(y.reshape(E, -1, K))
-        want, got = np.concatenate(parts, axis=1), packed.unpack()
-        same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
-        assert same.all(), f"{typ}: {np.count_nonzero(~same)} values differ, first at {np.argwhere(~same)[0]}"
+
+    def dequant(raw):
+        raw = np.ascontiguousarray(raw)
+        y = np.empty(raw.size // LAYOUT[typ][1] * LAYOUT[typ][0], np.float32)
+        fn(raw.ctypes.data, y.ctypes.data, y.size)
+        return y.reshape(*raw.shape[:-1], -1)
+
+    check_unpack_bits(tmp_path, rng, typ, dequant)
 
 
 FORM = {"Q4_0": "int4", "Q4_1": "int4+codebook+mins", "Q5_0": "int8", "Q5_1": "int8+mins", "Q8_0": "int8",

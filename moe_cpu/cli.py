@@ -52,7 +52,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         insn = peak_insn(kernel)
         print(f"  {scheme:<10} {kernel:<24} {what[insn] if insn else 'no SIMD peak'}")
     print("A8 activation blocks (int4_w4a8 / int8_w8a8; act_block=, --act-block): one int8 scale per token, or per "
-          f"{', '.join(map(str, api.ACT_BLOCKS))} channels; GGUF loads with blocks of 32 (ggml's Q8_0, finer than Q8_K), "
+          f"{', '.join(map(str, api.ACT_BLOCKS))} channels; GGUF loads with blocks of 32 (ggml's Q8_0, finer than Q8_K), 128 for the K-quants, "
           "compressed-tensors per token. Every kernel above takes them.")
     print("registered kernels:")
     print(f"  {'name':<24} {'scheme':<10} {'isa':<12} tile")
@@ -86,7 +86,7 @@ def _act_block(v: str) -> object:
     raise argparse.ArgumentTypeError(f"{v!r} is not auto, none, 32, 64, 128 or 256")
 
 
-ACT_BLOCK_HELP = ("A8 activation blocks: auto (default: what the file means; GGUF blocks of 32), none "
+ACT_BLOCK_HELP = ("A8 activation blocks: auto (default: what the file means; GGUF blocks of 32, 128 for the K-quants), none "
                   "(one scale per token), or 32, 64, 128, 256 channels per int8 scale")
 
 

@@ -23,8 +23,9 @@ FORMS = {
 GGUF_ROWS = ["int4_g32", "q4_k", "iq4_xs", "mxfp4", "int8_w8a8", "q6_k", "q5_k"]
 # Forms whose files hold fp16 scales (ggml's d): exact fp16 values, so the kernels read them as the loader packs them.
 HALF_SCALES = {"q4_0", "q8_0"}
-# The GGUF forms, which the loader packs with activation blocks of 32 (random_codes(..., gguf_blocks=True)).
-GGUF_FORMS = {"q4_0", "q8_0", "q4_k", "iq4_xs", "mxfp4", "q6_k", "q5_k"}
+# The GGUF forms and the activation blocks the loader packs them with (random_codes(..., gguf_blocks=True)): 32, 128
+# for the K-quants (moe_cpu/loaders/gguf_loader.py, ACT_BLOCK).
+GGUF_FORMS = {"q4_0": 32, "q8_0": 32, "q4_k": 128, "iq4_xs": 32, "mxfp4": 32, "q6_k": 128, "q5_k": 128}
 
 
 def scheme_of(name: str) -> str:
@@ -55,7 +56,7 @@ KSCALES = {"q4_k": (0, 63), "iq4_xs": (-32, 31), "q5_k": (0, 63), "q6_k": (-128,
 def random_codes(rng, scheme, E, N, K, gguf_blocks=False):
     """Random codes and scales for `scheme`, as a function that packs them (values do not matter for
     speed; no float32 copy). Timing that function times the packing alone. gguf_blocks: the GGUF forms with the
-    loader's activation blocks of 32 (else one activation scale per token)."""
+    loader's activation blocks (else one activation scale per token)."""
     shape = (E, N, K)
     if scheme in FORMS:
         sch, g, cb, with_mins = FORMS[scheme]
@@ -65,7 +66,7 @@ def random_codes(rng, scheme, E, N, K, gguf_blocks=False):
         if scheme in HALF_SCALES:
             s = s.astype(np.float16).astype(np.float32)
         m = kquant_mins(rng, E, N, G) if with_mins else None
-        ab = 32 if gguf_blocks and scheme in GGUF_FORMS else None
+        ab = GGUF_FORMS[scheme] if gguf_blocks and scheme in GGUF_FORMS else None
         if sch == "int8_w8a8":
             lim = {"q8_0": 128, "q5_k": 16}.get(scheme, 32)  # Q8_0: 8-bit codes, Q5_K: 5-bit, Q6_K: 6-bit
             q8 = rng.integers(-lim, lim, shape, dtype=np.int16).astype(np.int8)

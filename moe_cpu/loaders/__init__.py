@@ -73,7 +73,8 @@ def load_layer(path: Union[PathLike, Sequence[PathLike]], layer_idx: int, scheme
             packed, in this order; the router, routing and shared expert are loaded whole.
         act_block: the A8 activation blocks (docs/numerics.md): "auto" (default) runs what the file means: GGUF
             blocks of 32 (ggml's Q8_0 / Q8_1 for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4; finer than its Q8_K's
-            256 for Q4_K, Q5_K, Q6_K, IQ4_XS, at no cost), compressed-tensors dynamic per-token files one scale per token;
+            256 for IQ4_XS and the IQ / TQ types), 128 for the K-quants Q2_K ... Q6_K (finer than Q8_K; on AVX2 their
+            integer scales sum whole blocks in int32), compressed-tensors dynamic per-token files one scale per token;
             None: one scale per token; 32, 64, 128 or 256: that block for every A8 projection (A16 / fp8 / bf16
             layers refuse a block).
 

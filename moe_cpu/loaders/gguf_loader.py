@@ -163,14 +163,14 @@ GGML_ACT_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "I
                   "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ4_XS": 256,
                   **{t: 256 for t in ("Q2_K", "Q3_K", "TQ1_0", "TQ2_0", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S",
                                       "IQ3_XXS", "IQ3_S")}}
-# What a GGUF layer runs by default: ggml's block, or the finer 32 where ggml's is 256. Blocks of 32 cost the
-# kernels the same as 256 (one scale per group of 32 either way; integer mins stay) and give the K-quants and
-# IQ4_XS about 1.2e-2 layer error against 1.8e-2 (ik_llama.cpp without run-time repack computes them with blocks
-# of 32 too: bench/ik_peer.py, docs/performance.md, "How it is measured").
-# Q2_K and Q3_K (groups of 16) take 128, still finer than ggml's 256: one activation scale per run of 8 groups lets
-# the AVX2 split codes sum whole runs in int32 (docs/numerics.md); on Zen 3 against 32: Q2_K decode 0.86 -> 0.56 ms,
-# M = 512 214 -> 156 ms, error 1.1e-2 -> 1.5e-2 (ik's 1.8e-2; docs/performance.md).
-ACT_BLOCK = {t: min(b, 32) for t, b in GGML_ACT_BLOCK.items()} | {"Q2_K": 128, "Q3_K": 128}
+# What a GGUF layer runs by default: ggml's block, or a finer one where ggml's is 256. Blocks of 32 give the
+# K-quants and IQ4_XS about 1.2e-2 layer error against 1.8e-2 (ik_llama.cpp without run-time repack computes them
+# with blocks of 32 too: bench/ik_peer.py, docs/performance.md, "How it is measured").
+# The K-quants (Q2_K ... Q6_K) take 128, still finer than ggml's 256: on AVX2 the integer group scales then sum
+# whole blocks of 4 groups of 32 or runs of 8 groups of 16 in int32 (docs/numerics.md), where blocks of 32 take an
+# fp32 epilogue per group; on Zen 3 against 32, M = 512: Q4_K 177 -> 147 ms, Q5_K 198 -> 184, Q6_K 225 -> 185, Q2_K
+# 214 -> 156, decode Q2_K 0.86 -> 0.56 ms; error 1.2e-2 -> 1.5-1.6e-2 (ik's 1.8e-2; docs/performance.md).
+ACT_BLOCK = {t: min(b, 32) for t, b in GGML_ACT_BLOCK.items()} | {t: 128 for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")}
 
 
 # Type ids that gguf-py may not know, by the names ik_llama.cpp gives them (its ggml_type_name), for the errors of a

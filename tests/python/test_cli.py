@@ -230,13 +230,14 @@ def test_bench_decode_hot_and_cold_beside_the_bandwidth(tmp_path):
 
 def test_random_forms_pack_as_the_gguf_loader_does():
     """The bench's GGUF forms hold what the loader makes of the files: fp16 scales (Q4_0, Q8_0), integer scales and
-    mins (K-quants), 5- and 6-bit codes (Q5_K, Q6_K), activation blocks of 32; int4_pc one scale per channel."""
+    mins (K-quants), 5- and 6-bit codes (Q5_K, Q6_K), activation blocks of 32 (128 for the K-quants); int4_pc one
+    scale per channel."""
     rng = np.random.default_rng(0)
     make = lambda f: random_forms.random_codes(rng, f, 2, 32, 256, gguf_blocks=True)()
     for f in ("q4_0", "q8_0"):
         assert make(f).has_half_scales and make(f).act_block == 32
     for f in ("q4_k", "q5_k", "q6_k", "iq4_xs"):
-        assert make(f).has_int_scales and make(f).act_block == 32, f
+        assert make(f).has_int_scales and make(f).act_block == (32 if f == "iq4_xs" else 128), f
     assert make("q4_k").has_int_mins and make("q5_k").has_mins
     if moe_cpu.cpu_features()["kernels"]["int8_w8a8"].startswith("w8a8_avx2"):   # split codes: the AVX2 int8 kernel
         assert make("q5_k").code_bits == 5 and make("q6_k").code_bits == 6

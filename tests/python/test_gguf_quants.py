@@ -191,9 +191,9 @@ GROUP = {t: 32 for t in FORM} | {t: 16 for t in ("Q6_K", "Q2_K", "Q3_K", "IQ1_M"
     {"TQ1_0": 256, "TQ2_0": 256}
 
 
-# ggml's vec-dot blocks are 32 (Q8_0 / Q8_1) or 256 (Q8_K for the K-quants and IQ4_XS); a GGUF layer runs 32 for
-# every type, ggml's or finer (docs/numerics.md "Activation blocks")
-GGUF_ACT_BLOCK = {t: 32 for t in FORM} | {"Q2_K": 128, "Q3_K": 128}   # groups of 16: a block per run of 8
+# ggml's vec-dot blocks are 32 (Q8_0 / Q8_1) or 256 (Q8_K for the K-quants and the IQ types); a GGUF layer runs
+# ggml's block or a finer one: 32, or 128 for the K-quants (docs/numerics.md "Activation blocks")
+GGUF_ACT_BLOCK = {t: 32 for t in FORM} | {t: 128 for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")}  # the K-quants
 
 
 @pytest.mark.isa
@@ -334,7 +334,7 @@ def test_cli_convert_then_run(tmp_path, rng, types):
     layer = moe_cpu.MoELayer.load(out / f"layer_{L:03d}")
     direct = load_layer(path, L)
     assert (layer.w13.form, layer.w2.form) == (direct.w13.form, direct.w2.form)
-    want = (32, 32)    # the GGUF default (ggml's Q8_0 blocks, or finer than its Q8_K), kept by the packed files
+    want = (GGUF_ACT_BLOCK[types[0]], GGUF_ACT_BLOCK[types[2]])  # the GGUF default, kept by the packed files
     assert layer.act_blocks == (direct.w13.act_block, direct.w2.act_block) == want
     np.testing.assert_array_equal(layer.w2.unpack(), keep["ffn_down_exps.weight"])
     per_token = cli("convert", "--checkpoint", path, "--out", tmp_path / "per_token", "--layers", L, "--act-block", "none")

@@ -94,9 +94,10 @@ struct IntForms : IntFormBlock {
 
 // corr[h][8] = sum over runs of dmin * (int32 sum over the run's groups of imin * code sum) for the H halves
 // of one row (asum16: its int16 code sums, pairs zero-padded to whole runs; bs: with activation blocks, the row's
-// scale per group, one block per run, multiplying each run's converted sum first). af (blocks shorter than a run):
-// the row's fp32 group code sums (already times their block scales), met by the imins as fp32, in group order.
-template <int H>
+// scale per group, kNB groups a block (run_block_groups): each block's int32 sum converted, times its scale, the
+// run's blocks summed in order, then times dmin). af (other blocks shorter than a run): the row's fp32 group code
+// sums (already times their block scales), met by the imins as fp32, in group order.
+template <int H, int kNB = kIMinRun>
 void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, const float* bs, const float* af, float (*corr)[8]) {
   if (af) {
     const int64_t pairs = (f.G + 1) / 2;
@@ -122,16 +123,22 @@ void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, const float* bs
     const int64_t j = h / 2, c8 = (h % 2) * 8;
     __m256 sum = _mm256_setzero_ps();
     for (int64_t s = 0; s < f.runs; ++s) {
-      __m256i acc = _mm256_setzero_si256();
-      _Pragma("GCC unroll 4") for (int q = 0; q < kIMinRun / 2; ++q) {
-        const int64_t p = s * (kIMinRun / 2) + q;
-        int32_t pair;
-        std::memcpy(&pair, asum16 + 2 * p, 4);
-        const __m256i pr = imin_pair8(f.imn_pair(j, p) + 2 * c8);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pr, _mm256_set1_epi32(pair)));
+      __m256 x;
+      _Pragma("GCC unroll 4") for (int k = 0; k < kIMinRun / kNB; ++k) {
+        const int64_t g = s * kIMinRun + k * kNB;
+        if (k > 0 && g >= f.G) break;  // the last run's padding: no block, zero sums
+        __m256i acc = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int q = 0; q < kNB / 2; ++q) {
+          const int64_t p = g / 2 + q;
+          int32_t pair;
+          std::memcpy(&pair, asum16 + 2 * p, 4);
+          const __m256i pr = imin_pair8(f.imn_pair(j, p) + 2 * c8);
+          acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pr, _mm256_set1_epi32(pair)));
+        }
+        __m256 xb = _mm256_cvtepi32_ps(acc);
+        if (bs) xb = _mm256_mul_ps(xb, _mm256_set1_ps(bs[g]));
+        x = k == 0 ? xb : _mm256_add_ps(x, xb);
       }
-      __m256 x = _mm256_cvtepi32_ps(acc);
-      if (bs) x = _mm256_mul_ps(x, _mm256_set1_ps(bs[s * kIMinRun]));
       sum = _mm256_fmadd_ps(x, half8(f.dmn_run(j, s) + c8), sum);
     }
     _mm256_store_ps(corr[h], sum);
@@ -426,10 +433,10 @@ void int8_avx2_g32_gemm(int P, const PackedExperts& w, int64_t e, int64_t b0, in
 template <int kBlk, bool kSigned>
 void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c);  // int_avx2_g32.h
 // Whether an int4 GEMM on plain codes runs int_avx2_runs.h's kernels: qword panels with integer scales, integer mins
-// or none, no zero point, and one activation scale over each run of groups (per token, or blocks covering runs).
+// or none, no zero point, and activation blocks of whole pairs of groups (run_block_groups), or per token.
 inline bool int4_runs_fit(const PackedExperts& w, const ActRows& a) {
   return w.qword_panels && w.iscale_groups == kIMinRun && (!w.has_mins || w.imin_groups) && !w.has_zeros &&
-         w.code_zero == 0 && (!a.bscale || (a.NP == 1 && w.act_block % (32 * kIMinRun) == 0));
+         w.code_zero == 0 && (!a.bscale || (a.NP == 1 && run_block_groups(w) != 0));
 }
 template <int kBlk>
 void int4_qword_runs(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc);

@@ -185,16 +185,15 @@ struct IntAvx2Split {
   };
 };
 
-// Split codes with integer scales (Q5_K, Q6_K) against one activation scale per run of 8 groups: int_avx2_runs.h's
-// runs. Each step's int16 pair sums (<= 2 * 2 * 63 * 127 < 2^15; 5-bit: two steps', <= 4 * 2 * 31 * 127) times the
+// Split codes with integer scales (Q5_K, Q6_K) against activation blocks of 2, 4 or 8 groups of each run of 8, or
+// whole runs (run_block_groups): int_avx2_runs.h's runs. Each step's int16 pair sums (<= 2 * 2 * 63 * 127 < 2^15; 5-bit: two steps', <= 4 * 2 * 31 * 127) times the
 // group's scales in their vpmaddwd; a zero point (kZc: Q6_K's 32) as minus zc * scale * code sum per group, one more
 // vpmaddwd of (zc * scale, 0) pairs and the row's int32 code sum; an int32 sum per run (|sum| <= 8 * (128 * 32 * 63
-// * 127 + 128 * 128 * 32 * 127) < 2^31). Integer mins need the int16 code sums (imins_f32: not Q2_K's groups of 16
-// under blocks of 256, which IntAvx2Split takes).
+// * 127 + 128 * 128 * 32 * 127) < 2^31). Integer mins read the int16 code sums, which such blocks set.
 inline bool split_runs_fit(const PackedExperts& w, const ActRows& a) {
   const int64_t gl = w.group_len();
-  return (gl == 16 || gl == 32) && w.iscale_groups == kIMinRun && (!w.has_mins || (w.imin_groups && !imins_f32(w))) &&
-         (!a.bscale || (a.NP == 1 && w.act_block % (gl * kIMinRun) == 0));
+  return (gl == 16 || gl == 32) && w.iscale_groups == kIMinRun && (!w.has_mins || w.imin_groups) &&
+         (!a.bscale || a.NP == 1) && run_block_groups(w) != 0;
 }
 // kZc: the (zc * scale, 0) int16 pairs of m's scales (zc * 128 <= 2^14 in magnitude).
 template <bool kZc>
@@ -202,7 +201,7 @@ __attribute__((always_inline)) inline __m256i split_zero_scales(__m256i m, __m25
   if constexpr (!kZc) return m;
   return _mm256_and_si256(_mm256_mullo_epi16(m, zc16), _mm256_set1_epi32(0xffff));
 }
-template <int kBits, int kS, int kBlk, bool kMins, bool kZc>
+template <int kBits, int kS, int kBlk, bool kMins, bool kZc, int kNB>
 struct IntAvx2SplitRuns {
   using U = SplitBits<kBits>;
   // One row, column block b: the row tiles' integers and fp32 operations in their order.
@@ -213,13 +212,14 @@ struct IntAvx2SplitRuns {
     const DecodeRow<kBlk> r(w, e, b, a);
     const GroupSidePrefetch side(w, r.forms, r.sx);
     alignas(32) float corr[2][8];
-    if constexpr (kMins) int_mins_term_ymm<2>(r.forms, a.asum16 + r.ri * a.G2, r.bsr, nullptr, corr);
+    if constexpr (kMins) int_mins_term_ymm<2, kNB>(r.forms, a.asum16 + r.ri * a.G2, r.bsr, nullptr, corr);
     const U u;
     const __m256i zc16 = _mm256_set1_epi16(int16_t(w.split_zero));
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t g0 = 0; g0 < G; g0 += kIMinRun) {
+    for (int64_t gb = 0; gb < G; gb += kNB) {  // the blocks of each run in order
+      const int64_t g0 = gb - gb % kIMinRun;  // the run's fp16 d
       __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-      for (int64_t gi = g0; gi < std::min(G, g0 + kIMinRun); ++gi) {
+      for (int64_t gi = gb; gi < std::min(G, gb + kNB); ++gi) {
         side.at<1>(gi);
         const uint8_t* gn = pn + gi * U::low_bytes(kS);
         const uint8_t* gh = ph + gi * U::high_bytes(kS);
@@ -242,7 +242,7 @@ struct IntAvx2SplitRuns {
         });
       }
       _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
-        acc[h] = run_epilogue<kBlk>(isum[h], r.bsr, g0, half8(r.forms.dsc_at(0, g0) + h * 8), acc[h]);
+        acc[h] = run_epilogue<kBlk>(isum[h], r.bsr, gb, half8(r.forms.dsc_at(0, g0) + h * 8), acc[h]);
     }
     r.store(w, b, a, acc, kMins ? corr : nullptr, c);
   }
@@ -257,7 +257,7 @@ struct IntAvx2SplitRuns {
       const uint8_t* pn = w.panel(e, b);
       const uint8_t* ph = w.qhigh.data() + (e * w.num_blocks() + b) * split_high_bytes(a.Kp, w.split_bits);
       const IntForms forms(w, e, b, G);
-      const RunRows<MR, kBlk, kMins> rows(a, r0, forms);
+      const RunRows<MR, kBlk, kMins, kNB> rows(a, r0, forms);
       const int32_t* asr[MR];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) asr[r] = a.asum + a.row_idx[r0 + r] * G;
       const U u;
@@ -267,10 +267,11 @@ struct IntAvx2SplitRuns {
       for (int h = 0; h < 2; ++h) {
         __m256 acc[MR];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
-        for (int64_t g0 = 0; g0 < G; g0 += kIMinRun) {
+        for (int64_t gb = 0; gb < G; gb += kNB) {  // the blocks of each run in order
+          const __m256 d = half8(forms.dsc_at(0, gb - gb % kIMinRun) + h * 8);
           __m256i isum[MR];
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
-          for (int64_t gi = g0; gi < std::min(G, g0 + kIMinRun); ++gi) {
+          for (int64_t gi = gb; gi < std::min(G, gb + kNB); ++gi) {
             pf.steps(kS);
             const uint8_t* gn = pn + gi * U::low_bytes(kS) + h * 32;
             const uint8_t* gh = ph + gi * U::high_bytes(kS) + h * 32;
@@ -295,8 +296,7 @@ struct IntAvx2SplitRuns {
               isum[r] = x;
             }
           }
-          const __m256 d = half8(forms.dsc_at(0, g0) + h * 8);
-          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = run_epilogue<kBlk>(isum[r], rows.bsr[r], g0, d, acc[r]);
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = run_epilogue<kBlk>(isum[r], rows.bsr[r], gb, d, acc[r]);
         }
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
           const __m256 v = kMins ? _mm256_sub_ps(acc[r], _mm256_load_ps(rows.corr[kMins ? r : 0][h])) : acc[r];
@@ -308,14 +308,24 @@ struct IntAvx2SplitRuns {
     }
   };
 };
-template <int kBits, int kS, int kBlk, bool kMins, bool kZc>
-void split_runs_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  using T = IntAvx2SplitRuns<kBits, kS, kBlk, kMins, kZc>;
+template <int kBits, int kS, int kBlk, bool kMins, bool kZc, int kNB>
+void split_runs_nb(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  using T = IntAvx2SplitRuns<kBits, kS, kBlk, kMins, kZc, kNB>;
   if (a.rows == 1) {
     for (int64_t b = b0; b < b1; ++b) T::decode(w, e, b, a, c + (b - b0) * 16);
     return;
   }
   drive_even<T::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+}
+// kNB: the groups of an activation block inside a run (run_block_groups).
+template <int kBits, int kS, int kBlk, bool kMins, bool kZc>
+void split_runs_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  if constexpr (kBlk != 0) {
+    const int64_t nb = run_block_groups(w);
+    if (nb == 2) return split_runs_nb<kBits, kS, kBlk, kMins, kZc, 2>(w, e, b0, b1, a, c, ldc);
+    if (nb == 4) return split_runs_nb<kBits, kS, kBlk, kMins, kZc, 4>(w, e, b0, b1, a, c, ldc);
+  }
+  split_runs_nb<kBits, kS, kBlk, kMins, kZc, kIMinRun>(w, e, b0, b1, a, c, ldc);
 }
 // The forms that occur: Q5_K (5-bit, integer mins, no zero point), Q6_K (6-bit in groups of 16, zero point 32), and
 // either kind with or without each term.

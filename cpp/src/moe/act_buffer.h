@@ -39,8 +39,8 @@ struct ActBuffer {
     K = w.in_features, Kp = w.padded_k(), gl = w.group_len(), G = w.num_groups();
     int_scheme = is_int_scheme(w.scheme), a16 = int_scheme && w.a16;
     f32 = !int_scheme && w.kernel->f32_acts;
-    // integer mins: int16 code sums per group (activation blocks shorter than a run read asum_f32 instead)
-    imins = int_scheme && !a16 && w.has_mins && w.imin_groups > 0 && !imins_f32(w);
+    // integer mins: int16 code sums per group where blocks are whole pairs of groups (others read asum_f32)
+    imins = int_scheme && !a16 && w.has_mins && w.imin_groups > 0 && run_block_groups(w) != 0;
     B = int_scheme && !a16 ? w.act_block : 0;
     NP = int_scheme ? act_pieces(w) : 1;
     pk = a16 ? kA16Piece : B && B < gl ? B : 0;
@@ -190,7 +190,7 @@ struct ActBuffer {
     if (imins) std::fill(asum16.begin() + row * G2 + G, asum16.begin() + (row + 1) * G2, int16_t(0));  // whole runs
   }
   // A8 with activation blocks: code sums per piece; for mins, per group the sum over its pieces of
-  // float(code sum) * block scale, in piece order; integer mins (one block per run of groups) the int16 sums.
+  // float(code sum) * block scale, in piece order; integer mins (blocks of whole pairs of groups) the int16 sums.
   void finish_block_row(int64_t row) {
     const int8_t* qr = q.data() + row * Kp;
     const float* br = bs.data() + row * G * NP;

@@ -20,6 +20,15 @@ inline int64_t int_form_runs(int64_t G) { return (G + kIMinRun - 1) / kIMinRun; 
 // Integer mins met in fp32 (the imins against the groups' fp32 scaled code sums): A8 activation blocks shorter than a
 // run of kIMinRun groups. A block of exactly one run scales the run's int32 sum instead.
 inline bool imins_f32(const PackedExperts& p) { return p.act_block && p.act_block != kIMinRun * p.group_len(); }
+// Groups of a run of kIMinRun that share one A8 activation block, where the int16 code sums serve: kIMinRun per
+// token or where blocks cover whole runs, 2 or 4 where a block is that many groups (AVX2's run tiles sum each block
+// in int32), else 0.
+inline int64_t run_block_groups(const PackedExperts& p) {
+  const int64_t gl = p.group_len();
+  if (!p.act_block || p.act_block % (kIMinRun * gl) == 0) return kIMinRun;
+  const int64_t nb = p.act_block / gl;
+  return p.act_block % gl == 0 && (nb == 2 || nb == 4) ? nb : 0;
+}
 // Pairs of groups of the integer mins (0 without them): the int16 code-sum row length G2 = 2 * pairs.
 inline int64_t imin_pairs(const PackedExperts& p) { return p.imin_groups ? int_form_runs(p.num_groups()) * (kIMinRun / 2) : 0; }
 // First element of column block eb = e * NB + b in each buffer, with `runs` runs (pairs = runs * kIMinRun / 2).

@@ -95,7 +95,7 @@ struct IntForms : IntFormBlock {
 // corr[h][8] = sum over runs of dmin * (int32 sum over the run's groups of imin * code sum) for the H halves
 // of one row (asum16: its int16 code sums, pairs zero-padded to whole runs; bs: with activation blocks, the row's
 // scale per group, kNB groups a block (run_block_groups): each block's int32 sum converted, times its scale, the
-// run's blocks summed in order, then times dmin). af (other blocks shorter than a run): the row's fp32 group code
+// run's further blocks fused in (fma) in order, then times dmin). af (other blocks shorter than a run): the row's fp32 group code
 // sums (already times their block scales), met by the imins as fp32, in group order.
 template <int H, int kNB = kIMinRun>
 void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, const float* bs, const float* af, float (*corr)[8]) {
@@ -135,9 +135,9 @@ void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, const float* bs
           const __m256i pr = imin_pair8(f.imn_pair(j, p) + 2 * c8);
           acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pr, _mm256_set1_epi32(pair)));
         }
-        __m256 xb = _mm256_cvtepi32_ps(acc);
-        if (bs) xb = _mm256_mul_ps(xb, _mm256_set1_ps(bs[g]));
-        x = k == 0 ? xb : _mm256_add_ps(x, xb);
+        const __m256 xb = _mm256_cvtepi32_ps(acc);  // each further block fused in: no contraction left to the compiler
+        if (!bs) x = xb;
+        else x = k == 0 ? _mm256_mul_ps(xb, _mm256_set1_ps(bs[g])) : _mm256_fmadd_ps(xb, _mm256_set1_ps(bs[g]), x);
       }
       sum = _mm256_fmadd_ps(x, half8(f.dmn_run(j, s) + c8), sum);
     }

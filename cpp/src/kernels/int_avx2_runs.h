@@ -60,13 +60,26 @@ void int_mins_term_rows(const IntForms& f, const int16_t* const* as, const float
   }
 }
 
-// A run tile's rows: activation codes, block scales (kBlk), the integer mins' run term (kMins), and the run and
-// store epilogues that decode shares.
+// A run tile's rows: activation codes, block scales (kBlk), the integer mins' run term (kMins), and the tile's end
+// (the run epilogue below is decode's too).
 template <int MR, int kBlk, bool kMins, int kNB>
 struct RunRows {
   const int8_t* arow[MR];
   const float* bsr[MR];
   alignas(32) float corr[kMins ? MR : 1][2][8];
+  alignas(32) float out[MR][16];
+  // Half h's sums done: minus the mins term, times each row's scale, to out.
+  __attribute__((always_inline)) void half(int h, const __m256* acc, const ActRows& a, int64_t r0) {
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+      const __m256 v = kMins ? _mm256_sub_ps(acc[r], _mm256_load_ps(corr[kMins ? r : 0][h])) : acc[r];
+      _mm256_store_ps(out[r] + h * 8, _mm256_mul_ps(v, _mm256_set1_ps(a.scale[a.row_idx[r0 + r]])));
+    }
+  }
+  // The block's valid columns of every row to c.
+  void write(const PackedExperts& w, int64_t b, int64_t r0, float* c, int64_t ldc) const {
+    const int valid = valid_cols(w, b);
+    for (int r = 0; r < MR; ++r) std::memcpy(c + (r0 + r) * ldc, out[r], size_t(valid) * 4);
+  }
   RunRows(const ActRows& a, int64_t r0, const IntForms& forms) {
     [[maybe_unused]] const int16_t* as[MR];
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
@@ -97,10 +110,9 @@ struct IntAvx2Runs {
       const int64_t G = a.G;
       const uint8_t* panel = w.panel(e, b);
       const IntForms forms(w, e, b, G);
-      const RunRows<MR, kBlk, kMins, kNB> rows(a, r0, forms);
+      RunRows<MR, kBlk, kMins, kNB> rows(a, r0, forms);
       const __m256i low4 = _mm256_set1_epi8(0x0f);
       NextGroupPrefetch<> pf(w, e, b, 1, r0, MR, a.rows, 2 * a.Kp / 8);
-      alignas(32) float out[MR][16];
       for (int h = 0; h < 2; ++h) {
         __m256 acc[MR];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
@@ -123,13 +135,9 @@ struct IntAvx2Runs {
           }
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = run_epilogue<kBlk>(isum[r], rows.bsr[r], gb, d, acc[r]);
         }
-        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-          const __m256 v = kMins ? _mm256_sub_ps(acc[r], _mm256_load_ps(rows.corr[kMins ? r : 0][h])) : acc[r];
-          _mm256_store_ps(out[r] + h * 8, _mm256_mul_ps(v, _mm256_set1_ps(a.scale[a.row_idx[r0 + r]])));
-        }
+        rows.half(h, acc, a, r0);
       }
-      const int valid = valid_cols(w, b);
-      for (int r = 0; r < MR; ++r) std::memcpy(c + (r0 + r) * ldc, out[r], size_t(valid) * 4);
+      rows.write(w, b, r0, c, ldc);
     }
   };
 };

@@ -257,13 +257,12 @@ struct IntAvx2SplitRuns {
       const uint8_t* pn = w.panel(e, b);
       const uint8_t* ph = w.qhigh.data() + (e * w.num_blocks() + b) * split_high_bytes(a.Kp, w.split_bits);
       const IntForms forms(w, e, b, G);
-      const RunRows<MR, kBlk, kMins, kNB> rows(a, r0, forms);
+      RunRows<MR, kBlk, kMins, kNB> rows(a, r0, forms);
       const int32_t* asr[MR];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) asr[r] = a.asum + a.row_idx[r0 + r] * G;
       const U u;
       const __m256i zc16 = _mm256_set1_epi16(int16_t(w.split_zero));
       NextGroupPrefetch<> pf(w, e, b, 1, r0, MR, a.rows, 2 * a.Kp / 8);
-      alignas(32) float out[MR][16];
       for (int h = 0; h < 2; ++h) {
         __m256 acc[MR];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
@@ -298,13 +297,9 @@ struct IntAvx2SplitRuns {
           }
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = run_epilogue<kBlk>(isum[r], rows.bsr[r], gb, d, acc[r]);
         }
-        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-          const __m256 v = kMins ? _mm256_sub_ps(acc[r], _mm256_load_ps(rows.corr[kMins ? r : 0][h])) : acc[r];
-          _mm256_store_ps(out[r] + h * 8, _mm256_mul_ps(v, _mm256_set1_ps(a.scale[a.row_idx[r0 + r]])));
-        }
+        rows.half(h, acc, a, r0);
       }
-      const int valid = valid_cols(w, b);
-      for (int r = 0; r < MR; ++r) std::memcpy(c + (r0 + r) * ldc, out[r], size_t(valid) * 4);
+      rows.write(w, b, r0, c, ldc);
     }
   };
 };

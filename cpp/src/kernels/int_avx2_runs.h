@@ -67,16 +67,15 @@ struct RunRows {
   const int8_t* arow[MR];
   const float* bsr[MR];
   alignas(32) float corr[kMins ? MR : 1][2][8];
-  alignas(32) float out[MR][16];
   // Half h's sums done: minus the mins term, times each row's scale, to out.
-  __attribute__((always_inline)) void half(int h, const __m256* acc, const ActRows& a, int64_t r0) {
+  __attribute__((always_inline)) void half(int h, const __m256* acc, const ActRows& a, int64_t r0, float (*out)[16]) const {
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
       const __m256 v = kMins ? _mm256_sub_ps(acc[r], _mm256_load_ps(corr[kMins ? r : 0][h])) : acc[r];
       _mm256_store_ps(out[r] + h * 8, _mm256_mul_ps(v, _mm256_set1_ps(a.scale[a.row_idx[r0 + r]])));
     }
   }
-  // The block's valid columns of every row to c.
-  void write(const PackedExperts& w, int64_t b, int64_t r0, float* c, int64_t ldc) const {
+  // The block's valid columns of every row of out to c.
+  static void write(const PackedExperts& w, int64_t b, int64_t r0, const float (*out)[16], float* c, int64_t ldc) {
     const int valid = valid_cols(w, b);
     for (int r = 0; r < MR; ++r) std::memcpy(c + (r0 + r) * ldc, out[r], size_t(valid) * 4);
   }
@@ -110,7 +109,8 @@ struct IntAvx2Runs {
       const int64_t G = a.G;
       const uint8_t* panel = w.panel(e, b);
       const IntForms forms(w, e, b, G);
-      RunRows<MR, kBlk, kMins, kNB> rows(a, r0, forms);
+      const RunRows<MR, kBlk, kMins, kNB> rows(a, r0, forms);
+      alignas(32) float out[MR][16];
       const __m256i low4 = _mm256_set1_epi8(0x0f);
       NextGroupPrefetch<> pf(w, e, b, 1, r0, MR, a.rows, 2 * a.Kp / 8);
       for (int h = 0; h < 2; ++h) {
@@ -135,9 +135,9 @@ struct IntAvx2Runs {
           }
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = run_epilogue<kBlk>(isum[r], rows.bsr[r], gb, d, acc[r]);
         }
-        rows.half(h, acc, a, r0);
+        rows.half(h, acc, a, r0, out);
       }
-      rows.write(w, b, r0, c, ldc);
+      rows.write(w, b, r0, out, c, ldc);
     }
   };
 };

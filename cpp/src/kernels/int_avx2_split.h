@@ -257,7 +257,8 @@ struct IntAvx2SplitRuns {
       const uint8_t* pn = w.panel(e, b);
       const uint8_t* ph = w.qhigh.data() + (e * w.num_blocks() + b) * split_high_bytes(a.Kp, w.split_bits);
       const IntForms forms(w, e, b, G);
-      RunRows<MR, kBlk, kMins, kNB> rows(a, r0, forms);
+      const RunRows<MR, kBlk, kMins, kNB> rows(a, r0, forms);
+      alignas(32) float out[MR][16];
       const int32_t* asr[MR];
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) asr[r] = a.asum + a.row_idx[r0 + r] * G;
       const U u;
@@ -297,9 +298,9 @@ struct IntAvx2SplitRuns {
           }
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = run_epilogue<kBlk>(isum[r], rows.bsr[r], gb, d, acc[r]);
         }
-        rows.half(h, acc, a, r0);
+        rows.half(h, acc, a, r0, out);
       }
-      rows.write(w, b, r0, c, ldc);
+      rows.write(w, b, r0, out, c, ldc);
     }
   };
 };

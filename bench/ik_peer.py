@@ -49,7 +49,8 @@ What it times (median over ``--reps`` rounds after warm-up; ik and moe_cpu inter
 
 What it measures for error (relative L2 of the MoE block output, over the M rows)
     The reference is float64 NumPy: the quantized file's expert tensors (gate / up / down) and router
-    dequantized with ``gguf.quants.dequantize``, routing from float64 router logits through
+    dequantized with ``gguf.quants.dequantize`` (ik's own types: ik's ``dequantize_row_<type>``), routing from
+    float64 router logits through
     ``moe_cpu.select_experts(logits, 8, renormalize=True)``, experts through
     ``moe_cpu.reference.fused_experts_float64``. The input rows are ik's own FFN input: a separate ik context
     with an eval callback (``cb_eval`` in llama_context_params) copies the graph tensors ``ffn_inp_normed-0``
@@ -91,6 +92,7 @@ IK_PACKAGE = "ik-llama-cpp-python==0.1.5"
 # the GGUF types moe_cpu's loader reads (moe_cpu/loaders/gguf_loader.py's _QUANT and _FLOAT; a test keeps them equal)
 TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4",
          "Q2_K", "Q3_K", "TQ1_0", "TQ2_0", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
+         "Q6_0", "IQ2_K", "IQ3_K", "IQ4_K", "IQ5_K", "IQ4_KS", "IQ2_KS", "IQ4_KSS", "IQ5_KS", "IQ3_KS", "IQ2_KL",
          "BF16", "F16", "F32")
 DEFAULT_TYPES = "Q4_0,Q8_0,Q4_K,IQ4_XS,Q5_K,Q6_K"
 DEFAULT_CONFIGS = "rtr=0,fmoe=1;rtr=1,fmoe=1;rtr=0,fmoe=0;rtr=1,fmoe=0"
@@ -442,25 +444,75 @@ class Ik:
 
 
 # ------------------------------------------------------------------------------------------------ reference
-class Reference:
-    """float64 MoE block of a quantized GGUF file: experts and router from gguf.quants.dequantize."""
+def gguf_tensors(path: str) -> Dict[str, Tuple[int, List[int], int]]:
+    """{tensor name: (type id, ne, absolute offset of its data)} from a GGUF header, read here (gguf-py cannot open
+    files with ik-only types)."""
+    import struct
 
-    def __init__(self, path: str, sh: Shape):
+    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    align = 32
+    with open(path, "rb") as f:
+        rd = lambda fmt: struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]  # noqa: E731
+        rs = lambda: f.read(rd("Q")).decode(errors="replace")  # noqa: E731
+
+        def value(vt: int):
+            if vt == 8:
+                return rs()
+            if vt == 9:
+                it, n = rd("I"), rd("Q")
+                return [value(it) for _ in range(n)]
+            return rd(scalar[vt])
+
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        rd("I")
+        n_t, n_kv = rd("Q"), rd("Q")
+        for _ in range(n_kv):
+            key, v = rs(), value(rd("I"))
+            align = int(v) if key == "general.alignment" else align
+        info = []
+        for _ in range(n_t):
+            name = rs()
+            ne = [rd("Q") for _ in range(rd("I"))]
+            info.append((name, rd("I"), ne, rd("Q")))
+        start = -(-f.tell() // align) * align
+    return {name: (tid, ne, start + off) for name, tid, ne, off in info}
+
+
+class Reference:
+    """float64 MoE block of a quantized GGUF file: experts and router decoded by gguf.quants.dequantize, or for the
+    types gguf-py does not know (ik's own) by ik's libggml (``dequantize_row_<type>``, one row a call)."""
+
+    def __init__(self, path: str, sh: Shape, lib):
         import gguf
 
-        r = gguf.GGUFReader(path, "r")
-        T = {t.name: t for t in r.tensors}
-        deq = lambda t, e=None: gguf.quants.dequantize(np.asarray(t.data if e is None else t.data[e]),  # noqa: E731
-                                                       t.tensor_type).astype(np.float32, copy=False)
-        g, u, d = (T[f"blk.0.ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
+        tab, mm = gguf_tensors(path), np.memmap(path, np.uint8, "r")
+        known = {int(t) for t in gguf.GGMLQuantizationType}
+        lib.ggml_row_size.argtypes, lib.ggml_row_size.restype = [ctypes.c_int, ctypes.c_int64], ctypes.c_size_t
+        lib.ggml_type_name.argtypes, lib.ggml_type_name.restype = [ctypes.c_int], ctypes.c_char_p
+
+        def deq(name: str) -> np.ndarray:
+            tid, ne, off = tab[name]
+            K, n = ne[0], int(np.prod(ne[1:]))
+            rb = int(lib.ggml_row_size(tid, K))
+            raw = mm[off:off + n * rb].reshape(n, rb)
+            if tid in known:
+                y = gguf.quants.dequantize(np.asarray(raw), gguf.GGMLQuantizationType(tid)).astype(np.float32, copy=False)
+            else:
+                fn = getattr(lib, "dequantize_row_" + lib.ggml_type_name(tid).decode())
+                fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
+                y = np.empty((n, K), np.float32)
+                for i in range(n):
+                    row = np.ascontiguousarray(raw[i])
+                    fn(row.ctypes.data, y[i].ctypes.data, K)
+            return y.reshape(ne[::-1])
+
         E, H, I = sh.E, sh.H, sh.I
         self.w13 = np.empty((E, 2 * I, H), np.float32)   # rows [0, I) gate, [I, 2I) up (moe_cpu's order)
-        self.w2 = np.empty((E, H, I), np.float32)
-        for e in range(E):
-            self.w13[e, :I] = deq(g, e).reshape(I, H)
-            self.w13[e, I:] = deq(u, e).reshape(I, H)
-            self.w2[e] = deq(d, e).reshape(H, I)
-        self.gate = deq(T["blk.0.ffn_gate_inp.weight"]).reshape(E, H)
+        self.w13[:, :I] = deq("blk.0.ffn_gate_exps.weight")
+        self.w13[:, I:] = deq("blk.0.ffn_up_exps.weight")
+        self.w2 = deq("blk.0.ffn_down_exps.weight")
+        self.gate = deq("blk.0.ffn_gate_inp.weight").reshape(E, H)
         self.top_k = sh.top_k
 
     def routing(self, x: np.ndarray):
@@ -516,10 +568,9 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
     res: Dict[str, object] = {"type": typ, "file": full, "twin": twin,
                               "tensor_types": {k: v for k, v in types_full.items() if k.startswith("blk.")},
                               "twin_tensor_types": {k: v for k, v in types_twin.items() if "exps" in k}}
-    import gguf
-
-    res["gguf_expert_bytes"] = int(sum(int(t.n_bytes) for t in gguf.GGUFReader(full, "r").tensors
-                                       if "_exps." in t.name))
+    ik.lib.ggml_row_size.argtypes, ik.lib.ggml_row_size.restype = [ctypes.c_int, ctypes.c_int64], ctypes.c_size_t
+    res["gguf_expert_bytes"] = int(sum(int(ik.lib.ggml_row_size(tid, ne[0])) * int(np.prod(ne[1:]))
+                                       for name, (tid, ne, _) in gguf_tensors(full).items() if "_exps." in name))
     t0 = time.perf_counter()
     act_block = args.act_block if args.act_block == "auto" else None if args.act_block == "none" else int(args.act_block)
     layer = mc.MoELayer.from_pretrained(full, layer_idx=0, act_block=act_block)
@@ -611,7 +662,7 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
     # errors: one capture decode per (config, M) on a context with the eval callback
     refs: List[Tuple[np.ndarray, np.ndarray]] = []     # (x, float64 reference) cache
     t0 = time.perf_counter()
-    reference = Reference(full, sh)
+    reference = Reference(full, sh, ik.lib)
     res["ref_dequant_s"] = time.perf_counter() - t0
 
     def ref_of(x):

@@ -7,8 +7,17 @@ import numpy as np
 class Blocks:
     """The blocks of N rows of one tensor: b uint8 [N, nb, bytes per block]; name for errors."""
 
-    def __init__(self, b: np.ndarray, name: str):
-        self.b, self.name = b, name
+    def __init__(self, b: np.ndarray, name: str, head: np.ndarray = None):
+        self.b, self.name, self.head = b, name, head   # head: uint8 [N, bytes] before each row's blocks (ik's types)
+
+    def row_scale(self, dtype: type) -> np.ndarray:
+        """The scale at the start of every row (fp16 or float32) as float32 [N, 1]; NaN / inf raise."""
+        v = np.ascontiguousarray(self.head).view(np.dtype(dtype).newbyteorder("<"))[:, :1].astype(np.float32)
+        bad = ~np.isfinite(v[:, 0])
+        if bad.any():
+            r = int(np.nonzero(bad)[0][0])
+            raise ValueError(f"tensor {self.name}: row {r} has a non-finite row scale ({v[r, 0]}); the file is corrupted")
+        return v
 
     def finite(self, v: np.ndarray, what: str) -> np.ndarray:
         """v (float32 [N, nb], one field per block) after checking it is finite (ValueError naming the block)."""

@@ -16,12 +16,14 @@ Types (all lossless but F16 / F32; ``unpack()`` equals ``gguf.quants.dequantize`
 - the low-bit types (gguf_lowbit.py): Q2_K -> int8 g16 with mins, Q3_K -> int8 g16, TQ1_0 / TQ2_0 -> int4 g256,
   IQ1_S / IQ2_XXS / IQ3_XXS / IQ3_S -> int4 g32 through their signed grid values, IQ1_M / IQ2_XS / IQ2_S -> int8 g16
   (more bytes than the file: docs/formats.md);
+- ik_llama.cpp's own types (gguf_ik.py, type ids gguf-py does not know): Q6_0 -> int8 g32; IQ2_K, IQ3_K, IQ4_K,
+  IQ5_K -> int8 g16; IQ2_KS, IQ3_KS, IQ4_KS, IQ5_KS, IQ4_KSS, IQ2_KL (a scale at the start of each row) -> int8 g32;
 - BF16 -> bf16 exactly; F16 and F32 are unquantized: quantized on load to ``scheme``, by default
   bf16 (rounded to nearest even, so F16 values with more than 8 significant bits change).
 gate and up (and each of w13 / w2) keep their own form when they agree, and become int8 (codes
 widened exactly) when they do not; w13 and w2 may differ (e.g. Q4_K gate/up with Q6_K down).
 Any other type raises ``ValueError("unsupported GGUF type <NAME> for tensor <name>")`` when the layer needs that tensor
-(types gguf-py does not know, such as ik_llama.cpp's, by ik's name and id); tensors the layer does not read may hold
+(types gguf-py does not know, such as ik_llama.cpp's others, by ik's name and id); tensors the layer does not read may hold
 any type. A d field
 that is NaN or infinite, or a tensor whose bytes do not fit its type and shape, raises ValueError.
 """
@@ -37,6 +39,7 @@ from ..forms import IQ1_VALUES, IQ2_VALUES, IQ3S_VALUES, IQ3XXS_VALUES, IQ4_NL_V
 from ._gguf_blocks import Blocks, rows
 from ._common import LayerWeights, Part, Source, build_experts, check_expert_ids, resolve_pair
 from . import gguf_lowbit as lb
+from .gguf_ik import IK_QUANT
 from .config import config_from_gguf
 
 __all__ = ["load_gguf_layer"]
@@ -156,13 +159,18 @@ _QUANT: Dict[str, Tuple[str, int, int, int, Callable[[Blocks], Part], Optional[t
     "IQ3_XXS": ("int4_w4a8", 32, 256, 98, lb.iq3_xxs, IQ3XXS_VALUES, False),
     "IQ3_S": ("int4_w4a8", 32, 256, 110, lb.iq3_s, IQ3S_VALUES, False),
 }
+# ik_llama.cpp's own types (gguf_ik.py): int8 codes of its tables in groups of 16 or 32; the *_KS types, IQ4_KSS and
+# IQ2_KL start each row with its scale (_ROW_HEAD bytes).
+_QUANT.update({t: (v[1], v[2], v[3], v[4], v[6], None, False) for t, v in IK_QUANT.items()})
+_ROW_HEAD = {t: v[5] for t, v in IK_QUANT.items() if v[5]}
 _FLOAT = ("BF16", "F16", "F32")
 # ggml's vec-dot type of each weight type (ggml-cpu's type traits): Q8_0 / Q8_1 blocks of 32 (Q8_1 adds the block's
 # sum, which the kernels keep exactly anyway), Q8_K blocks of 256 for the K-quants and IQ4_XS.
 GGML_ACT_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32, "MXFP4": 32,
                   "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ4_XS": 256,
                   **{t: 256 for t in ("Q2_K", "Q3_K", "TQ1_0", "TQ2_0", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S",
-                                      "IQ3_XXS", "IQ3_S")}}
+                                      "IQ3_XXS", "IQ3_S")},
+                  "Q6_0": 32, **{t: 256 for t in IK_QUANT if t != "Q6_0"}}   # ik's Q8_2_X4 / Q8_K
 # What a GGUF layer runs by default: ggml's block, or a finer one where ggml's is 256. Blocks of 32 give the
 # K-quants and IQ4_XS about 1.2e-2 layer error against 1.8e-2 (ik_llama.cpp without run-time repack computes them
 # with blocks of 32 too: bench/ik_peer.py, docs/performance.md, "How it is measured").
@@ -199,10 +207,22 @@ class _ForeignType:
 
 
 class _ForeignTensor:
-    """A tensor of a type gguf-py cannot size: name, type and shape only (moe_cpu refuses it if a layer needs it)."""
+    """A tensor of a type gguf-py cannot size: name, type and shape; its data (uint8 [..., row bytes], as gguf-py
+    shapes quantized data) where the type is an ik_llama.cpp type moe_cpu reads (moe_cpu refuses the others if a
+    layer needs them)."""
 
     def __init__(self, name: str, tid: int, dims: np.ndarray):
         self.name, self.tensor_type, self.shape = name, _ForeignType(tid), dims
+        self.data = None
+
+    def locate(self, mm: np.ndarray, at: int) -> None:
+        typ = self.tensor_type.name
+        if typ not in IK_QUANT or not len(self.shape) or int(self.shape[0]) % IK_QUANT[typ][3]:
+            return   # tensor() names the type or the shape
+        ne = [int(x) for x in self.shape]
+        row = _ROW_HEAD.get(typ, 0) + ne[0] // IK_QUANT[typ][3] * IK_QUANT[typ][4]
+        n = int(np.prod(ne[1:], dtype=np.int64)) * row
+        self.data = mm[at:at + n].reshape(*ne[:0:-1], row) if at + n <= len(mm) else mm[at:at + n]
 
 
 def _reader(path: str) -> Any:
@@ -223,7 +243,9 @@ def _reader(path: str) -> Any:
                     if name in names:
                         raise ValueError(f"Found duplicated tensor with name {name}")
                     names.add(name)
-                    self.tensors.append(_ForeignTensor(name, int(f.parts[4][0]), f.parts[3]))
+                    t = _ForeignTensor(name, int(f.parts[4][0]), f.parts[3])
+                    t.locate(self.data, start_offs + int(f.parts[5][0]))
+                    self.tensors.append(t)
 
     return Reader(path, "r")
 
@@ -237,6 +259,10 @@ def _decode(t: Any, row: np.ndarray, N: int, K: int) -> Part:
     typ = _type(t)
     if typ in _QUANT:
         _, _, blk, size, dec, _, _ = _QUANT[typ]
+        head = _ROW_HEAD.get(typ, 0)
+        if head:   # ik's row scale, then the row's blocks
+            r = np.asarray(row, np.uint8).reshape(N, head + K // blk * size)
+            return dec(Blocks(r[:, head:].reshape(N, K // blk, size), t.name, r[:, :head]))
         return dec(Blocks(np.asarray(row, np.uint8).reshape(N, K // blk, size), t.name))
     if typ == "BF16":
         return Part("float", from_bf16_bits(np.asarray(row).view(np.uint16).reshape(N, K)))
@@ -301,7 +327,7 @@ class _File:
                              f"was expected, i.e. row-major {list(ne[::-1])}")
         rows = int(np.prod(ne[1:], dtype=np.int64))
         if typ in _QUANT:
-            want = rows * (ne[0] // _QUANT[typ][2]) * _QUANT[typ][3]
+            want = rows * (_ROW_HEAD.get(typ, 0) + ne[0] // _QUANT[typ][2] * _QUANT[typ][3])
         else:
             want = rows * ne[0] * {"BF16": 2, "F16": 2, "F32": 4}[typ]
         got_bytes = int(np.asarray(t.data).nbytes)

@@ -361,9 +361,10 @@ def _retyped(path, name, tid):
     return path
 
 
-@pytest.mark.parametrize("tid", [133, 250], ids=["ik_Q6_0", "unknown_id"])
+@pytest.mark.parametrize("tid", [141, 250], ids=["ik_IQ6_K", "unknown_id"])
 def test_types_gguf_py_does_not_know_load_where_the_layer_does_not_read_them(tmp_path, rng, tid):
-    """A tensor of a type id gguf-py does not know (ik_llama.cpp's Q6_0 is 133; 250 is nobody's) outside the loaded
+    """A tensor of a type id gguf-py does not know and moe_cpu does not read (ik_llama.cpp's IQ6_K is 141; 250 is
+    nobody's) outside the loaded
     layer leaves the layer loading, bit for bit; in one of the layer's expert tensors it is a ValueError naming the
     tensor, the type (ik's name and id where ik has one) and the types moe_cpu reads."""
     path, keep = moe_file(tmp_path, rng, ("Q4_K", "Q4_K", "Q6_K"))
@@ -373,5 +374,5 @@ def test_types_gguf_py_does_not_know_load_where_the_layer_does_not_read_them(tmp
         gguf.GGUFReader(str(path))   # gguf-py's own reader refuses the whole file
     check_layer(rng, load_layer(path, L), keep, 5)
     _retyped(path, f"blk.{L}.ffn_down_exps.weight", tid)
-    what = "Q6_0 (type id 133, an ik_llama.cpp type)" if tid == 133 else "type id 250 (unknown to gguf-py and to ik"
+    what = "IQ6_K (type id 141, an ik_llama.cpp type)" if tid == 141 else "type id 250 (unknown to gguf-py and to ik"
     assert_load_raises(tmp_path, path, None, "retyped", [f"blk.{L}.ffn_down_exps.weight", what, "moe_cpu reads Q4_0"])

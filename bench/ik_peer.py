@@ -93,6 +93,7 @@ IK_PACKAGE = "ik-llama-cpp-python==0.1.5"
 TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4",
          "Q2_K", "Q3_K", "TQ1_0", "TQ2_0", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
          "Q6_0", "IQ2_K", "IQ3_K", "IQ4_K", "IQ5_K", "IQ4_KS", "IQ2_KS", "IQ4_KSS", "IQ5_KS", "IQ3_KS", "IQ2_KL",
+         "IQ1_KT", "IQ2_KT", "IQ3_KT", "IQ4_KT",
          "BF16", "F16", "F32")
 DEFAULT_TYPES = "Q4_0,Q8_0,Q4_K,IQ4_XS,Q5_K,Q6_K"
 DEFAULT_CONFIGS = "rtr=0,fmoe=1;rtr=1,fmoe=1;rtr=0,fmoe=0;rtr=1,fmoe=0"

@@ -1,5 +1,5 @@
-"""ik_llama.cpp's own GGUF types (Q6_0, the IQ*_K family, the IQ*_KS family, IQ4_KSS, IQ2_KL), decoded losslessly
-into moe_cpu's int8 forms.
+"""ik_llama.cpp's own GGUF types (Q6_0, the IQ*_K family, the IQ*_KS family, IQ4_KSS, IQ2_KL, the trellis IQ*_KT),
+decoded losslessly into moe_cpu's int8 forms.
 
 Each is an integer value (a code through one of ik's non-linear tables, one of two table halves per sub-block)
 times a float32 sub-block scale, which ggml computes as ``d * ls`` (d: the block's fp16 field or the row's scale,
@@ -8,9 +8,10 @@ that scale, ``unpack()`` rounds value * scale once, as ik's ``dequantize_row_*``
 
 Layouts are ik_llama.cpp's (ggml-common.h, iqk_quantize.cpp at the commit of ik-llama-cpp-python 0.1.5), read for
 facts; tests/python/test_gguf_ik.py checks every type against that wheel's own C dequantization.
-The *_KS types, IQ4_KSS and IQ2_KL start each row with its scale (fp16 or float32) before the blocks.
+The *_KS types, IQ4_KSS, IQ2_KL and the IQ*_KT start each row with its scale (fp16 or float32) before the blocks.
+The trellis types' values are integers (-126 .. 126) a 13-16-bit index generates: tables of every index's values.
 Left out: IQ6_K (ik's dequantization evaluates a cubic where its kernels read an integer table: no one form holds
-both), the trellis IQ*_KT types and the repacked _R4 / _R8 forms (docs/formats.md).
+both) and the repacked _R4 / _R8 forms (docs/formats.md).
 """
 from __future__ import annotations
 
@@ -166,6 +167,70 @@ def iq2_kl(t: Blocks) -> Part:
     return Part("int", rows(IQ2KL[idx, _W % 2]), _scaled(t.row_scale(np.float16), ls))
 
 
+_TRELLIS: Dict[Tuple[int, int, int], np.ndarray] = {}
+
+
+def _trellis(bits: int, offset: int, n: int) -> np.ndarray:
+    """ik's trellis values of every index below 2^bits: x = index + offset, then n times x *= 0xCBAC1FED (mod 2^32)
+    and the sum of the four bytes of x & 0x3F3F3F3F, minus 126 (int8 [2^bits, n], -126 .. 126)."""
+    key = (bits, offset, n)
+    if key not in _TRELLIS:
+        x = np.arange(1 << bits, dtype=np.uint32) + np.uint32(offset)
+        out = np.empty((1 << bits, n), np.int8)
+        for i in range(n):
+            x = x * np.uint32(0xCBAC1FED)
+            b = (x & np.uint32(0x3F3F3F3F)).view(np.uint8).reshape(-1, 4).astype(np.int16)
+            out[:, i] = (b.sum(axis=1) - 126).astype(np.int8)
+        _TRELLIS[key] = out
+    return _TRELLIS[key]
+
+
+def _kt_nibbles(b: np.ndarray) -> np.ndarray:
+    """IQ2_KT / IQ3_KT scales[4]: the 8 blocks' nibbles, low nibbles (blocks 0..3) then high (4..7)."""
+    return np.concatenate([b & 15, b >> 4], axis=-1)
+
+
+def iq2_kt(t: Blocks) -> Part:
+    """IQ2_KT (row: float32 D; 68 bytes: scales[4], u16[32] trellis indices of 8 values each): f32(D IQ4K[nibble])."""
+    v = _trellis(16, 4096, 8)[t.words(4, 32, np.uint16)]
+    return Part("int", rows(v), _scaled(t.row_scale(np.float32), IQ4K[_kt_nibbles(t.b[..., 0:4])]))
+
+
+def iq3_kt(t: Blocks) -> Part:
+    """IQ3_KT (row: float32 D; 100 bytes: scales[4], u16[32] indices, qh[32] signs): f32(D nibble) times |value|,
+    negated where bit w / 32 of qh[w % 32] is set (ik flips the float's sign: its -0.0 is 0 here)."""
+    v = np.abs(_trellis(16, 4096, 8)[t.words(4, 32, np.uint16)]).reshape(*t.b.shape[:2], 256)
+    neg = _field(t.b, 68, _W % 32, _W // 32, 1).astype(bool)
+    return Part("int", rows(np.where(neg, -v, v)), _scaled(t.row_scale(np.float32), _kt_nibbles(t.b[..., 0:4])))
+
+
+def iq1_kt(t: Blocks) -> Part:
+    """IQ1_KT (row: float32 D; 56 bytes: sh[8] (a 4-bit scale index, 4 thirteenth index bits), ql[32], qh[16]
+    (index bits 8..11)): 13-bit trellis indices of 8 values, f32(D IQ4K[sh & 15]) per 32."""
+    g = np.arange(32)
+    blk, i = g // 4, g % 4
+    sh = t.b[..., 0:8].astype(np.uint32)
+    qh = t.b[..., 40 + (blk % 4) * 4 + i].astype(np.uint32)
+    idx = (t.b[..., 8:40].astype(np.uint32) | ((qh << (8 - 4 * (blk // 4)).astype(np.uint32)) & 0xF00) |
+           ((sh[..., blk] << (8 - i).astype(np.uint32)) & 0x1000))
+    return Part("int", rows(_trellis(13, 4096, 8)[idx]), _scaled(t.row_scale(np.float32), IQ4K[t.b[..., 0:8] & 15]))
+
+
+def iq4_kt(t: Blocks) -> Part:
+    """IQ4_KT (row: float32 D; 128 bytes: u32[8] per 32 (bit 0 the offset, 7-bit scale, 8 x 3 index bits), ql[64],
+    qh[32]): 15-bit trellis indices of 4 values, offset 4096 (+ 32768), f32(D ((s & 255) >> 1 - 64)) per 32."""
+    jj = np.arange(64)
+    blk, i = jj // 8, jj % 8
+    shb = t.words(0, 8, np.uint32)
+    idx = (t.b[..., 32:96].astype(np.uint32) |
+           ((t.b[..., 96 + jj % 32].astype(np.uint32) << (8 - 4 * (jj // 32)).astype(np.uint32)) & 0xF00) |
+           (((shb[..., blk] >> (8 + 3 * i).astype(np.uint32)) & 7) << 12))
+    hi = (shb[..., blk] & 1).astype(bool)                                   # [N, nb, 64]
+    v = np.where(hi[..., None], _trellis(15, 4096 + 32768, 4)[idx], _trellis(15, 4096, 4)[idx])
+    ls = ((shb & 255) >> 1).astype(np.int16) - 64
+    return Part("int", rows(v), _scaled(t.row_scale(np.float32), ls))
+
+
 # name -> (ik type id, native scheme, group, elements per block, bytes per block, row scale bytes, decoder)
 IK_QUANT: Dict[str, tuple] = {
     "Q6_0": (133, "int8_w8a8", 32, 32, 26, 0, q6_0),
@@ -179,4 +244,8 @@ IK_QUANT: Dict[str, tuple] = {
     "IQ5_KS": (152, "int8_w8a8", 32, 256, 168, 4, iq5_ks),
     "IQ3_KS": (156, "int8_w8a8", 32, 256, 102, 2, iq3_ks),
     "IQ2_KL": (157, "int8_w8a8", 32, 256, 86, 2, iq2_kl),
+    "IQ2_KT": (153, "int8_w8a8", 32, 256, 68, 4, iq2_kt),
+    "IQ3_KT": (154, "int8_w8a8", 32, 256, 100, 4, iq3_kt),
+    "IQ4_KT": (155, "int8_w8a8", 32, 256, 128, 4, iq4_kt),
+    "IQ1_KT": (158, "int8_w8a8", 32, 256, 56, 4, iq1_kt),
 }

@@ -17,7 +17,8 @@ Types (all lossless but F16 / F32; ``unpack()`` equals ``gguf.quants.dequantize`
   IQ1_S / IQ2_XXS / IQ3_XXS / IQ3_S -> int4 g32 through their signed grid values, IQ1_M / IQ2_XS / IQ2_S -> int8 g16
   (more bytes than the file: docs/formats.md);
 - ik_llama.cpp's own types (gguf_ik.py, type ids gguf-py does not know): Q6_0 -> int8 g32; IQ2_K, IQ3_K, IQ4_K,
-  IQ5_K -> int8 g16; IQ2_KS, IQ3_KS, IQ4_KS, IQ5_KS, IQ4_KSS, IQ2_KL (a scale at the start of each row) -> int8 g32;
+  IQ5_K -> int8 g16; IQ2_KS, IQ3_KS, IQ4_KS, IQ5_KS, IQ4_KSS, IQ2_KL, IQ1_KT ... IQ4_KT (a scale at the start of each
+  row) -> int8 g32;
 - BF16 -> bf16 exactly; F16 and F32 are unquantized: quantized on load to ``scheme``, by default
   bf16 (rounded to nearest even, so F16 values with more than 8 significant bits change).
 gate and up (and each of w13 / w2) keep their own form when they agree, and become int8 (codes
@@ -170,7 +171,7 @@ GGML_ACT_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "I
                   "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ4_XS": 256,
                   **{t: 256 for t in ("Q2_K", "Q3_K", "TQ1_0", "TQ2_0", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S",
                                       "IQ3_XXS", "IQ3_S")},
-                  "Q6_0": 32, **{t: 256 for t in IK_QUANT if t != "Q6_0"}}   # ik's Q8_2_X4 / Q8_K
+                  **{t: 32 if t == "Q6_0" or t.endswith("_KT") else 256 for t in IK_QUANT}}   # ik's Q8_2_X4 / Q8_K
 # What a GGUF layer runs by default: ggml's block, or a finer one where ggml's is 256. Blocks of 32 give the
 # K-quants and IQ4_XS about 1.2e-2 layer error against 1.8e-2 (ik_llama.cpp without run-time repack computes them
 # with blocks of 32 too: bench/ik_peer.py, docs/performance.md, "How it is measured").

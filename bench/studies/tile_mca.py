@@ -121,33 +121,11 @@ def compile_functions(cxx: str, cpp: str) -> Dict[str, List[Tuple[Optional[str],
         return parse_functions(open(s).read())
 
 
-def runs_loops(cxx: str) -> Dict[str, List[str]]:
-    """kernels/int_avx2_runs.h's 8-row tile for Q4_K (integer mins) at 256-blocks: its group loop."""
-    tiles = {"Q4_K": "IntAvx2Runs<1, true>"}
-    src = ("#define MOE_ISA avx2\n#include \"kernels/int_avx2_runs.h\"\nMOE_ISA_BEGIN\n"
-           + "".join(f"template struct {t}::Micro<8, 1>;\n" for t in tiles.values()) + "MOE_ISA_END\n")
-    with tempfile.TemporaryDirectory() as d:
-        cpp = os.path.join(d, "runs.cpp")
-        open(cpp, "w").write(src)
-        funcs = compile_functions(cxx, cpp)
-    names = list(funcs)
-    demangled = dict(zip(names, subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
-                                               check=True).stdout.split("\n")))
-    out = {}
-    for typ, t in tiles.items():
-        name = next((n for n in names if f"{t}::Micro<8, 1>::run" in demangled[n]), None)
-        if name is None:
-            raise RuntimeError(f"no compiled tile for {typ} ({t})")
-        out[typ] = innermost_loop(funcs[name], 64)
-    return out
-
-
-def ours_loops(cxx: str) -> Dict[str, List[str]]:
-    def cxx_name(t):
-        return f"IntAvx2G32<{t[0]}, Codes::{t[1]}, {t[2]}, {t[3]}, {t[4]}>"
-
-    src = ("#define MOE_ISA avx2\n#include \"kernels/int_avx2.h\"\n#include \"kernels/int_avx2_g32.h\"\nMOE_ISA_BEGIN\n"
-           + "".join(f"template struct {cxx_name(t)}::Micro<8, 1>;\n" for t in OURS.values()) + "MOE_ISA_END\n")
+def compiled_tiles(cxx: str, headers: List[str], tiles: Dict[str, Tuple[str, str]]) -> Dict[str, List[str]]:
+    """{type: innermost group loop} of the AVX2 tiles ``tiles`` ({type: (C++ name, c++filt's name)}), each's
+    ``Micro<8, 1>`` instantiated from ``headers`` and compiled as the library compiles its kernels."""
+    src = ("#define MOE_ISA avx2\n" + "".join(f'#include "{h}"\n' for h in headers) + "MOE_ISA_BEGIN\n"
+           + "".join(f"template struct {t}::Micro<8, 1>;\n" for t, _ in tiles.values()) + "MOE_ISA_END\n")
     with tempfile.TemporaryDirectory() as d:
         cpp = os.path.join(d, "tiles.cpp")
         open(cpp, "w").write(src)
@@ -156,14 +134,26 @@ def ours_loops(cxx: str) -> Dict[str, List[str]]:
     demangled = dict(zip(names, subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
                                                check=True).stdout.split("\n")))
     out = {}
-    for typ, t in OURS.items():
-        # c++filt writes IntAvx2G32<true, (moe_cpu::kernels::avx2::Codes)3, 1, 2, 1>::Micro<8, 1>::run
-        want = f"IntAvx2G32<{t[0]}, (moe_cpu::kernels::avx2::Codes){CODES[t[1]]}, {t[2]}, {t[3]}, {TERMS[t[4]]}>::Micro<8, 1>::run"
-        name = next((n for n in names if want in demangled[n]), None)
+    for typ, (t, shown) in tiles.items():
+        name = next((n for n in names if f"{shown}::Micro<8, 1>::run" in demangled[n]), None)
         if name is None:
-            raise RuntimeError(f"no compiled tile for {typ} ({cxx_name(t)})")
+            raise RuntimeError(f"no compiled tile for {typ} ({t})")
         out[typ] = innermost_loop(funcs[name], 64)
     return out
+
+
+def runs_loops(cxx: str) -> Dict[str, List[str]]:
+    """kernels/int_avx2_runs.h's 8-row tile for Q4_K (integer mins) at 256-blocks (one block a run): its group loop."""
+    t = "IntAvx2Runs<1, true, 8>"
+    return compiled_tiles(cxx, ["kernels/int_avx2_runs.h"], {"Q4_K": (t, t)})
+
+
+def ours_loops(cxx: str) -> Dict[str, List[str]]:
+    # c++filt writes IntAvx2G32<true, (moe_cpu::kernels::avx2::Codes)3, 1, 2, 1>
+    tiles = {typ: (f"IntAvx2G32<{t[0]}, Codes::{t[1]}, {t[2]}, {t[3]}, {t[4]}>",
+                   f"IntAvx2G32<{t[0]}, (moe_cpu::kernels::avx2::Codes){CODES[t[1]]}, {t[2]}, {t[3]}, {TERMS[t[4]]}>")
+             for typ, t in OURS.items()}
+    return compiled_tiles(cxx, ["kernels/int_avx2.h", "kernels/int_avx2_g32.h"], tiles)
 
 
 def check_ik_lib(lib: str) -> None:

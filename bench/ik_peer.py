@@ -8,7 +8,9 @@ What it builds
     head of 128, all norms 1. Weights are Gaussian with scale 1/sqrt(fan_in); experts are written in F16
     (``--base-dtype f32`` for F32), the rest in F32. Each base file is quantized with the peer's
     ``llama-quantize --pure <TYPE>`` (every 2-D tensor gets TYPE; llama-quantize keeps the router
-    ``ffn_gate_inp`` and the 1-D norms in F32, and the script prints the types it finds). A twin model is
+    ``ffn_gate_inp`` and the 1-D norms in F32, and the script prints the types it finds; IQ1_S, IQ1_M, IQ2_XXS,
+    IQ2_XS and IQ2_S, which llama-quantize refuses without an importance matrix, get one of ones: every weight
+    equally important). A twin model is
     built the same way with the same seeds, everything equal except that the expert FFN is 32 wide (its
     down rows are then not whole 256-blocks, so for k-quant / IQ4_XS types llama-quantize gives the twin's
     down tensor a fallback type: Q5_0, Q6_0, Q8_0 or IQ4_NL; printed). Files are cached under ``--work-dir``
@@ -79,6 +81,7 @@ import ctypes
 import json
 import os
 import platform
+import struct
 import subprocess
 import sys
 import time
@@ -250,8 +253,29 @@ def gguf_types(path: str, ik_header: Optional[str] = None) -> Dict[str, str]:
     return out
 
 
+# Types llama-quantize refuses (and its quantizers assert) without an importance matrix.
+IMATRIX_TYPES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S")
+
+
+def write_unit_imatrix(base: str, path: str) -> None:
+    """An importance matrix of ones for every 2-D / 3-D tensor of base, in llama.cpp's legacy .dat form (entries:
+    name, ncall, one value per input column and expert): every weight equally important, the plain squared error
+    the other types minimize without one."""
+    with open(path, "wb") as f:
+        ents = [(n, shape) for n, (_, shape, _) in gguf_tensors(base).items() if len(shape) >= 2]
+        f.write(struct.pack("<i", len(ents)))
+        for name, shape in ents:
+            nval = shape[0] * (shape[2] if len(shape) > 2 else 1)
+            f.write(struct.pack("<i", len(name)) + name.encode() + struct.pack("<ii", 1, nval))
+            f.write(np.ones(nval, np.float32).tobytes())
+
+
 def quantize(qbin: str, base: str, out: str, typ: str, threads: int, log: List[str]) -> None:
     cmd = [qbin, "--pure", base, out + ".part", typ, str(threads)]
+    if typ in IMATRIX_TYPES:
+        write_unit_imatrix(base, out + ".imatrix")
+        cmd[1:1] = ["--imatrix", out + ".imatrix"]
+        log.append(f"{typ}: importance matrix of ones (bench/ik_peer.py write_unit_imatrix)")
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0 or not os.path.exists(out + ".part"):
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")

@@ -92,6 +92,40 @@ struct IntForms : IntFormBlock {
   }
 };
 
+// The int16 path of int_mins_term_ymm for MR rows (as: their int16 code sums, bs: their block scales or nullptr):
+// the same operations per row in the same order, each run's imins and dmin read once for all of them.
+template <int MR, int kNB, int H = 2>
+void int_mins_term_rows(const IntForms& f, const int16_t* const* as, const float* const* bs, float (*corr)[H][8]) {
+  _Pragma("GCC unroll 4") for (int h = 0; h < H; ++h) {
+    const int64_t j = h / 2, c8 = (h % 2) * 8;
+    __m256 sum[MR];
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) sum[r] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < f.runs; ++s) {
+      __m256i pr[kIMinRun / 2];
+      _Pragma("GCC unroll 4") for (int q = 0; q < kIMinRun / 2; ++q) pr[q] = imin_pair8(f.imn_pair(j, s * (kIMinRun / 2) + q) + 2 * c8);
+      const __m256 dm = half8(f.dmn_run(j, s) + c8);
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+        __m256 x;
+        _Pragma("GCC unroll 4") for (int k = 0; k < kIMinRun / kNB; ++k) {
+          const int64_t g = s * kIMinRun + k * kNB;
+          if (k > 0 && g >= f.G) break;  // the last run's padding: no block, zero sums
+          __m256i acc = _mm256_setzero_si256();
+          _Pragma("GCC unroll 4") for (int q = 0; q < kNB / 2; ++q) {
+            int32_t pair;
+            std::memcpy(&pair, as[r] + g + 2 * q, 4);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pr[k * (kNB / 2) + q], _mm256_set1_epi32(pair)));
+          }
+          const __m256 xb = _mm256_cvtepi32_ps(acc);  // each further block fused in: no contraction left to the compiler
+          if (!bs[r]) x = xb;
+          else x = k == 0 ? _mm256_mul_ps(xb, _mm256_set1_ps(bs[r][g])) : _mm256_fmadd_ps(xb, _mm256_set1_ps(bs[r][g]), x);
+        }
+        sum[r] = _mm256_fmadd_ps(x, dm, sum[r]);
+      }
+    }
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) _mm256_store_ps(corr[r][h], sum[r]);
+  }
+}
+
 // corr[h][8] = sum over runs of dmin * (int32 sum over the run's groups of imin * code sum) for the H halves
 // of one row (asum16: its int16 code sums, pairs zero-padded to whole runs; bs: with activation blocks, the row's
 // scale per group, kNB groups a block (run_block_groups): each block's int32 sum converted, times its scale, the
@@ -119,30 +153,7 @@ void int_mins_term_ymm(const IntForms& f, const int16_t* asum16, const float* bs
     }
     return;
   }
-  _Pragma("GCC unroll 16") for (int h = 0; h < H; ++h) {
-    const int64_t j = h / 2, c8 = (h % 2) * 8;
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t s = 0; s < f.runs; ++s) {
-      __m256 x;
-      _Pragma("GCC unroll 4") for (int k = 0; k < kIMinRun / kNB; ++k) {
-        const int64_t g = s * kIMinRun + k * kNB;
-        if (k > 0 && g >= f.G) break;  // the last run's padding: no block, zero sums
-        __m256i acc = _mm256_setzero_si256();
-        _Pragma("GCC unroll 4") for (int q = 0; q < kNB / 2; ++q) {
-          const int64_t p = g / 2 + q;
-          int32_t pair;
-          std::memcpy(&pair, asum16 + 2 * p, 4);
-          const __m256i pr = imin_pair8(f.imn_pair(j, p) + 2 * c8);
-          acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pr, _mm256_set1_epi32(pair)));
-        }
-        const __m256 xb = _mm256_cvtepi32_ps(acc);  // each further block fused in: no contraction left to the compiler
-        if (!bs) x = xb;
-        else x = k == 0 ? _mm256_mul_ps(xb, _mm256_set1_ps(bs[g])) : _mm256_fmadd_ps(xb, _mm256_set1_ps(bs[g]), x);
-      }
-      sum = _mm256_fmadd_ps(x, half8(f.dmn_run(j, s) + c8), sum);
-    }
-    _mm256_store_ps(corr[h], sum);
-  }
+  int_mins_term_rows<1, kNB, H>(f, &asum16, &bs, reinterpret_cast<float (*)[H][8]>(corr));
 }
 
 // kBlk: A8 activation blocks (ActRows::bscale), instances of their own so that the per-token code stays as it was:

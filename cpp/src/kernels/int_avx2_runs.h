@@ -27,39 +27,6 @@ __attribute__((always_inline)) inline __m256i run_scales(const int8_t* sc) {
   return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s, s));
 }
 
-// int_mins_term_ymm<2, kNB> of MR rows (as: their int16 code sums, bs: their block scales or nullptr), the same
-// operations per row in the same order, each run's imins and dmin read once for all of them.
-template <int MR, int kNB>
-void int_mins_term_rows(const IntForms& f, const int16_t* const* as, const float* const* bs, float (*corr)[2][8]) {
-  _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
-    __m256 sum[MR];
-    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) sum[r] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < f.runs; ++s) {
-      __m256i pr[kIMinRun / 2];
-      _Pragma("GCC unroll 4") for (int q = 0; q < kIMinRun / 2; ++q) pr[q] = imin_pair8(f.imn_pair(0, s * (kIMinRun / 2) + q) + 16 * h);
-      const __m256 dm = half8(f.dmn_run(0, s) + 8 * h);
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-        __m256 x;
-        _Pragma("GCC unroll 4") for (int k = 0; k < kIMinRun / kNB; ++k) {
-          const int64_t g = s * kIMinRun + k * kNB;
-          if (k > 0 && g >= f.G) break;  // the last run's padding: no block, zero sums
-          __m256i acc = _mm256_setzero_si256();
-          _Pragma("GCC unroll 4") for (int q = 0; q < kNB / 2; ++q) {
-            int32_t pair;
-            std::memcpy(&pair, as[r] + g + 2 * q, 4);
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pr[k * (kNB / 2) + q], _mm256_set1_epi32(pair)));
-          }
-          const __m256 xb = _mm256_cvtepi32_ps(acc);  // as int_mins_term_ymm: each further block fused in
-          if (!bs[r]) x = xb;
-          else x = k == 0 ? _mm256_mul_ps(xb, _mm256_set1_ps(bs[r][g])) : _mm256_fmadd_ps(xb, _mm256_set1_ps(bs[r][g]), x);
-        }
-        sum[r] = _mm256_fmadd_ps(x, dm, sum[r]);
-      }
-    }
-    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) _mm256_store_ps(corr[r][h], sum[r]);
-  }
-}
-
 // A run tile's rows: activation codes, block scales (kBlk), the integer mins' run term (kMins), and the tile's end
 // (the run epilogue below is decode's too).
 template <int MR, int kBlk, bool kMins, int kNB>

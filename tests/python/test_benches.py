@@ -122,6 +122,15 @@ def no_needs():
     return None
 
 
+def own_bits_needs():
+    if not shutil.which("g++"):
+        return "needs g++"
+    if not has("gguf"):
+        return "needs gguf-py"
+    import moe_cpu
+    return None if "avx2" in moe_cpu.cpu_features()["detected"] else "needs an AVX2 host"
+
+
 # script -> (tiny arguments with {tmp} for a scratch directory, what its output shows, what it lacks here or None)
 TINY = {
     "a16_vs_a8.py": ("--weights int4 --m 1 --rounds 1 --experts 8 --bw-bytes 67108864", "A16/A8", no_needs),
@@ -148,6 +157,7 @@ TINY = {
     "studies/amx_g32_layers.py": (f"1 Q4_0 --m 128 --rounds 1 --work-dir {IK_FILES}", "set/default", layers_needs),
     "studies/ep_model.py": ("--trials 100", "| 8 |", no_needs),
     "studies/gguf_forms_ab.py": ("--m 1 --reps 1 --forms q4_k --experts 8", "speed vs", no_needs),
+    "studies/own_bits_decode.py": ("--experts 8 --rounds 1 --calls 2", "own / moe_cpu", own_bits_needs),
     "studies/inner_loop_mix.py": ("--kernels {kernel}", "dot/FMA", inner_loop_needs),
     "studies/tile_mca.py": ("--cpus znver3 --iterations 10 {mca}", "moe_cpu runs (256-blocks)", tile_mca_needs),
     "ep_scaling.sh": ("--shapes qwen3-30b-a3b --experts 8 --m 1 --calls 1 --sweep=", "wrote", mpi_needs),
@@ -218,6 +228,7 @@ def test_runs_tiny_or_refuses_in_one_line(script, tmp_path):
     ("studies/act_order_overhead.py", ["--group", "100"], "--group 100 must divide"),
     ("studies/inner_loop_mix.py", ["/nonexistent"], "no build directory /nonexistent"),
     ("studies/tile_mca.py", ["--iterations", "0"], "--iterations must be >= 1"),
+    ("studies/own_bits_decode.py", ["--experts", "4"], "--experts must be >= 8"),
 ])
 def test_benches_refuse_bad_arguments_in_one_line(script, args, needle, tmp_path):
     assert_one_line_refusal(run(script, args, tmp_path), needle)

@@ -255,6 +255,9 @@ def gguf_types(path: str, ik_header: Optional[str] = None) -> Dict[str, str]:
 
 # Types llama-quantize refuses (and its quantizers assert) without an importance matrix.
 IMATRIX_TYPES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S")
+# llama-quantize's name for the file type whose tensors are TYPE, where the two differ (its IQ2_S file type is IQ2_XS
+# tensors, even with --pure).
+QUANTIZE_FTYPE = {"IQ2_S": "IQ2_M"}
 
 
 def write_unit_imatrix(base: str, path: str) -> None:
@@ -271,7 +274,7 @@ def write_unit_imatrix(base: str, path: str) -> None:
 
 
 def quantize(qbin: str, base: str, out: str, typ: str, threads: int, log: List[str]) -> None:
-    cmd = [qbin, "--pure", base, out + ".part", typ, str(threads)]
+    cmd = [qbin, "--pure", base, out + ".part", QUANTIZE_FTYPE.get(typ, typ), str(threads)]
     if typ in IMATRIX_TYPES:
         write_unit_imatrix(base, out + ".imatrix")
         cmd[1:1] = ["--imatrix", out + ".imatrix"]

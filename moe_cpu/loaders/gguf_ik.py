@@ -1,10 +1,12 @@
 """ik_llama.cpp's own GGUF types (Q6_0, the IQ*_K family, the IQ*_KS family, IQ4_KSS, IQ2_KL, the trellis IQ*_KT),
-decoded losslessly into moe_cpu's int8 forms.
+decoded losslessly into moe_cpu's int8 forms, or int4 codes through a codebook where a type's values are 16 or fewer.
 
 Each is an integer value (a code through one of ik's non-linear tables, one of two table halves per sub-block)
 times a float32 sub-block scale, which ggml computes as ``d * ls`` (d: the block's fp16 field or the row's scale,
 ls: an integer) before the value multiplies it. Held as int8 codes (the table values) in groups of 16 or 32 with
-that scale, ``unpack()`` rounds value * scale once, as ik's ``dequantize_row_*`` does: bit for bit.
+that scale, ``unpack()`` rounds value * scale once, as ik's ``dequantize_row_*`` does: bit for bit. IQ2_KS, IQ3_KS
+and IQ2_KL (sub-blocks of 32) take 8, 16 and 8 values in all, both table halves together: they are int4 codes
+into that table as a codebook, with the same scales (half the bytes of int8, the same floats).
 
 Layouts are ik_llama.cpp's (ggml-common.h, iqk_quantize.cpp at the commit of ik-llama-cpp-python 0.1.5), read for
 facts; tests/python/test_gguf_ik.py checks every type against that wheel's own C dequantization.
@@ -34,6 +36,14 @@ IQ5NL = np.array([-126, -114, -103, -92, -83, -74, -65, -57, -50, -43, -36, -30,
 IQ2KL = np.array([0xe9c1, 0x0dc1, 0xc1d8, 0xf6d8, 0x0dd8, 0x2fd8, 0xd8e9, 0xe9e9, 0x01e9, 0x0de9, 0x1ce9, 0xc1f6,
                   0x01f6, 0x0df6, 0x2ff6, 0xe901, 0xf601, 0x0101, 0x0d01, 0x1c01, 0xd80d, 0xe90d, 0xf60d, 0x010d,
                   0x0d0d, 0xc11c, 0xe91c, 0x011c, 0x1c1c, 0x2f1c, 0xe92f, 0x0d2f], np.uint16).view(np.int8).reshape(32, 2)
+
+# the int4 codebooks (16 entries, unused ones 0) of the types whose values fit one: both halves of a table together
+IQ2NL_CODEBOOK = tuple(int(v) for v in IQ2NL) + (0,) * 8
+IQ3NL_CODEBOOK = tuple(int(v) for v in IQ3NL)
+IQ3NL_LOW_CODEBOOK = tuple(int(v) for v in IQ3NL[:8]) + (0,) * 8   # IQ2_KL's pairs
+
+# IQ2KL's values as indices into IQ3NL_LOW_CODEBOOK (its first 8 entries are IQ3NL's first half, in order)
+_IQ2KL_CODES = np.searchsorted(IQ3NL[:8], IQ2KL).astype(np.uint8)
 
 _W = np.arange(256)   # weight index in a block of 256
 
@@ -109,7 +119,8 @@ def iq2_ks(t: Blocks) -> Part:
     extra = t.words(0, 1, np.uint16)[..., 0]
     ls = (_field(t.b, 2, s // 2, 4 * (s % 2), 15) | (_bit(extra, 8 + s) << 4)).astype(np.int8) - np.int8(16)
     q = _field(t.b, 6, 32 * (_W // 128) + _W % 32, 2 * ((_W // 32) % 4), 3)
-    return Part("int", rows(IQ2NL[q + 4 * _bit(extra, _W // 32)]), _scaled(t.row_scale(np.float16), ls))
+    return Part("int", rows(q + 4 * _bit(extra, _W // 32)), _scaled(t.row_scale(np.float16), ls),
+                codebook=IQ2NL_CODEBOOK)
 
 
 def iq3_ks(t: Blocks) -> Part:
@@ -118,7 +129,7 @@ def iq3_ks(t: Blocks) -> Part:
     extra = t.words(0, 1, np.uint16)[..., 0]
     ls = (_field(t.b, 2, s % 4, 4 * (s // 4), 15) | (_bit(extra, s) << 4)).astype(np.int8) - np.int8(16)
     q = _field(t.b, 6, 32 * (g // 4) + _W % 32, 2 * (g % 4), 3) | (_field(t.b, 70, _W % 32, g, 1) << 2)
-    return Part("int", rows(IQ3NL[q + 8 * _bit(extra, 8 + g)]), _scaled(t.row_scale(np.float16), ls))
+    return Part("int", rows(q + 8 * _bit(extra, 8 + g)), _scaled(t.row_scale(np.float16), ls), codebook=IQ3NL_CODEBOOK)
 
 
 def _odd_scales(sc: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -164,7 +175,7 @@ def iq2_kl(t: Blocks) -> Part:
           (((sh[..., None] >> (2 * b).astype(np.uint16)) & 3).astype(np.uint8) << 4)).astype(np.int8) - np.int8(32)
     c, half, j = _W // 64, (_W % 64) // 32, (_W % 32) // 2
     idx = _field(t.b, 6, 16 * c + j, 4 * half, 15) | (_field(t.b, 70, j, 2 * c + half, 1) << 4)
-    return Part("int", rows(IQ2KL[idx, _W % 2]), _scaled(t.row_scale(np.float16), ls))
+    return Part("int", rows(_IQ2KL_CODES[idx, _W % 2]), _scaled(t.row_scale(np.float16), ls), codebook=IQ3NL_LOW_CODEBOOK)
 
 
 _TRELLIS: Dict[Tuple[int, int, int], np.ndarray] = {}
@@ -231,21 +242,21 @@ def iq4_kt(t: Blocks) -> Part:
     return Part("int", rows(v), _scaled(t.row_scale(np.float32), ls))
 
 
-# name -> (ik type id, native scheme, group, elements per block, bytes per block, row scale bytes, decoder)
+# name -> (ik type id, native scheme, group, elements per block, bytes per block, row scale bytes, decoder, int4 codebook)
 IK_QUANT: Dict[str, tuple] = {
-    "Q6_0": (133, "int8_w8a8", 32, 32, 26, 0, q6_0),
-    "IQ2_K": (137, "int8_w8a8", 16, 256, 76, 0, iq2_k),
-    "IQ3_K": (138, "int8_w8a8", 16, 256, 110, 0, iq3_k),
-    "IQ4_K": (139, "int8_w8a8", 16, 256, 144, 0, iq4_k),
-    "IQ5_K": (140, "int8_w8a8", 16, 256, 176, 0, iq5_k),
-    "IQ4_KS": (144, "int8_w8a8", 32, 256, 136, 4, iq4_ks),
-    "IQ2_KS": (145, "int8_w8a8", 32, 256, 70, 2, iq2_ks),
-    "IQ4_KSS": (146, "int8_w8a8", 32, 256, 128, 4, iq4_kss),
-    "IQ5_KS": (152, "int8_w8a8", 32, 256, 168, 4, iq5_ks),
-    "IQ3_KS": (156, "int8_w8a8", 32, 256, 102, 2, iq3_ks),
-    "IQ2_KL": (157, "int8_w8a8", 32, 256, 86, 2, iq2_kl),
-    "IQ2_KT": (153, "int8_w8a8", 32, 256, 68, 4, iq2_kt),
-    "IQ3_KT": (154, "int8_w8a8", 32, 256, 100, 4, iq3_kt),
-    "IQ4_KT": (155, "int8_w8a8", 32, 256, 128, 4, iq4_kt),
-    "IQ1_KT": (158, "int8_w8a8", 32, 256, 56, 4, iq1_kt),
+    "Q6_0": (133, "int8_w8a8", 32, 32, 26, 0, q6_0, None),
+    "IQ2_K": (137, "int8_w8a8", 16, 256, 76, 0, iq2_k, None),
+    "IQ3_K": (138, "int8_w8a8", 16, 256, 110, 0, iq3_k, None),
+    "IQ4_K": (139, "int8_w8a8", 16, 256, 144, 0, iq4_k, None),
+    "IQ5_K": (140, "int8_w8a8", 16, 256, 176, 0, iq5_k, None),
+    "IQ4_KS": (144, "int8_w8a8", 32, 256, 136, 4, iq4_ks, None),
+    "IQ2_KS": (145, "int4_w4a8", 32, 256, 70, 2, iq2_ks, IQ2NL_CODEBOOK),
+    "IQ4_KSS": (146, "int8_w8a8", 32, 256, 128, 4, iq4_kss, None),
+    "IQ5_KS": (152, "int8_w8a8", 32, 256, 168, 4, iq5_ks, None),
+    "IQ3_KS": (156, "int4_w4a8", 32, 256, 102, 2, iq3_ks, IQ3NL_CODEBOOK),
+    "IQ2_KL": (157, "int4_w4a8", 32, 256, 86, 2, iq2_kl, IQ3NL_LOW_CODEBOOK),
+    "IQ2_KT": (153, "int8_w8a8", 32, 256, 68, 4, iq2_kt, None),
+    "IQ3_KT": (154, "int8_w8a8", 32, 256, 100, 4, iq3_kt, None),
+    "IQ4_KT": (155, "int8_w8a8", 32, 256, 128, 4, iq4_kt, None),
+    "IQ1_KT": (158, "int8_w8a8", 32, 256, 56, 4, iq1_kt, None),
 }

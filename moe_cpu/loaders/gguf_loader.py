@@ -160,9 +160,10 @@ _QUANT: Dict[str, Tuple[str, int, int, int, Callable[[Blocks], Part], Optional[t
     "IQ3_XXS": ("int4_w4a8", 32, 256, 98, lb.iq3_xxs, IQ3XXS_VALUES, False),
     "IQ3_S": ("int4_w4a8", 32, 256, 110, lb.iq3_s, IQ3S_VALUES, False),
 }
-# ik_llama.cpp's own types (gguf_ik.py): int8 codes of its tables in groups of 16 or 32; the *_KS types, IQ4_KSS and
-# IQ2_KL start each row with its scale (_ROW_HEAD bytes).
-_QUANT.update({t: (v[1], v[2], v[3], v[4], v[6], None, False) for t, v in IK_QUANT.items()})
+# ik_llama.cpp's own types (gguf_ik.py): int8 codes of its tables in groups of 16 or 32 (int4 codes through a codebook
+# where the table has 16 values or fewer); the *_KS types, IQ4_KSS and IQ2_KL start each row with its scale
+# (_ROW_HEAD bytes).
+_QUANT.update({t: (v[1], v[2], v[3], v[4], v[6], v[7], False) for t, v in IK_QUANT.items()})
 _ROW_HEAD = {t: v[5] for t, v in IK_QUANT.items() if v[5]}
 _FLOAT = ("BF16", "F16", "F32")
 # ggml's vec-dot type of each weight type (ggml-cpu's type traits): Q8_0 / Q8_1 blocks of 32 (Q8_1 adds the block's

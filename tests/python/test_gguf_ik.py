@@ -28,6 +28,7 @@ IK = {
     "IQ1_KT": (158, 256, 56, "f32", [], 32),
 }
 TYPES = sorted(IK)
+CODEBOOK_TYPES = ("IQ2_KS", "IQ3_KS", "IQ2_KL")   # 16 values or fewer in all: int4 codes through them
 
 
 def row_bytes(typ, K):
@@ -126,9 +127,10 @@ def test_ik_unpack_equals_ik_dequantize_bit_for_bit(tmp_path, rng, typ):
 def test_ik_layer_of_one_type(tmp_path, rng, typ, M):
     path, _, keep = ik_file(tmp_path, rng, (typ,) * 3)
     lw = load_layer(path, L)
-    assert lw.w13.scheme == lw.w2.scheme == "int8_w8a8" and lw.w13.form == "int8"
+    scheme, form = ("int4_w4a8", "int4+codebook") if typ in CODEBOOK_TYPES else ("int8_w8a8", "int8")
+    assert lw.w13.scheme == lw.w2.scheme == scheme and lw.w13.form == lw.w2.form == form
     assert lw.w13.group_size == lw.w2.group_size == IK[typ][5] and lw.w13.act_block == lw.w2.act_block == 32
-    assert typ in lw.source and "int8/int8" in lw.source
+    assert typ in lw.source and f"{form}/{form}" in lw.source
     check_layer(rng, lw, keep, M)
 
 

@@ -129,7 +129,7 @@ def ik_case(M: int, threads: int):
     ik_dir = IK_DIR
     sys.path.insert(0, ik_dir)
     ik = ik_peer.Ik(ik_dir, threads, verbose=False)
-    sh = ik_peer.REAL
+    sh = ik_peer.QWEN3
     work = "/tmp/ik_peer_models"
     os.makedirs(work, exist_ok=True)
     base = os.path.join(work, f"base_{sh.tag(I)}_s0_f16.gguf")

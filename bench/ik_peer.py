@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
-"""moe_cpu against ik_llama.cpp on the same GGUF files: time and error of one Qwen3-30B-A3B-shaped MoE block.
+"""moe_cpu against ik_llama.cpp on the same GGUF files: time and error of one Qwen3-30B-A3B- or DeepSeek-V3-shaped MoE block.
 
 What it builds
-    One-layer ``qwen3moe`` GGUF models written with gguf-py: H = 2048, 128 experts, expert FFN 768, top-8,
-    softmax routing renormalized over the chosen 8 (Qwen3-30B-A3B's MoE block). Everything llama.cpp needs to
-    load the model is there but kept tiny: a byte-level SPM vocabulary of 259 tokens, 2 query heads and 1 KV
-    head of 128, all norms 1. Weights are Gaussian with scale 1/sqrt(fan_in); experts are written in F16
+    One-layer GGUF models written with gguf-py, by ``--block``:
+    qwen3-30b-a3b (default): ``qwen3moe``, H = 2048, 128 experts, expert FFN 768, top-8, softmax routing
+        renormalized over the chosen 8 (Qwen3-30B-A3B's MoE block); 2 query heads and 1 KV head of 128.
+    deepseek-v3: ``deepseek2``, H = 7168, expert FFN 2048, top-8 of 256 experts cut to 32 by default
+        (``--experts``; the F16 base file of 256 would be 22 GB) in 8 groups, DeepSeek-V3's routing: sigmoid
+        scores plus a correction bias choose the 4 groups with the best sum of their top 2, then the top 8 in
+        them; weights the unbiased scores renormalized and scaled by 2.5; one shared expert of 2048. MLA
+        attention with DeepSeek-V3's ranks (q 1536, kv 512, rope 64) but 2 heads. ik_llama.cpp's deepseek2
+        graph ignores the expert groups (a plain top-8 of the biased scores); moe_cpu follows the file.
+    Everything llama.cpp needs to load the model is there but kept tiny: a byte-level SPM vocabulary of 259
+    tokens, all norms 1. Weights are Gaussian with scale 1/sqrt(fan_in); experts are written in F16
     (``--base-dtype f32`` for F32), the rest in F32. Each base file is quantized with the peer's
     ``llama-quantize --pure <TYPE>`` (every 2-D tensor gets TYPE; llama-quantize keeps the router
     ``ffn_gate_inp`` and the 1-D norms in F32, and the script prints the types it finds; IQ1_S, IQ1_M, IQ2_XXS,
@@ -28,8 +35,8 @@ What it times (median over ``--reps`` rounds after warm-up; ik and moe_cpu inter
              every token asks for its output so that no row is dropped before the FFN) on the full model,
              MINUS the same call on the 32-wide twin in the same round. What is left is ik's MoE time beyond
              the router: attention, norms, router logits, softmax / top-k, the output head and the graph
-             overhead cancel; the twin still does 32/768 of the expert work, so the difference leaves that
-             small part out (it favours ik slightly). The run-time options that matter for MoE are tried in
+             overhead cancel; the twin still does 32/768 (deepseek-v3: 32/2048, its shared expert too) of
+             the expert work, so the difference leaves that small part out (it favours ik slightly). The run-time options that matter for MoE are tried in
              every combination given by ``--ik-configs`` (default: run-time repack ``rtr`` = model param
              ``repack_tensors`` off/on x fused MoE up/gate ``fmoe`` = context param ``fused_moe_up_gate``
              off/on; the wheel's other defaults are kept and printed) and the best is reported per M.
@@ -50,15 +57,16 @@ What it times (median over ``--reps`` rounds after warm-up; ik and moe_cpu inter
              as a share of that median bandwidth. ``--no-bw`` leaves the probe out.
 
 What it measures for error (relative L2 of the MoE block output, over the M rows)
-    The reference is float64 NumPy: the quantized file's expert tensors (gate / up / down) and router
-    dequantized with ``gguf.quants.dequantize`` (ik's own types: ik's ``dequantize_row_<type>``), routing from
-    float64 router logits through
-    ``moe_cpu.select_experts(logits, 8, renormalize=True)``, experts through
-    ``moe_cpu.reference.fused_experts_float64``. The input rows are ik's own FFN input: a separate ik context
-    with an eval callback (``cb_eval`` in llama_context_params) copies the graph tensors ``ffn_inp_normed-0``
-    (the ffn_norm output, the MoE block's input) and the MoE output (``routed_out-0``, before the residual
-    add) during one decode of M tokens. ik's error compares that output with the reference on those rows;
-    moe_cpu's error compares ``layer(rows)`` with the same reference.
+    The reference is float64 NumPy: the quantized file's expert tensors (gate / up / down, and the shared
+    expert's) and router dequantized with ``gguf.quants.dequantize`` (ik's own types: ik's
+    ``dequantize_row_<type>``), routing from float64 router logits through ``moe_cpu.select_experts`` with the
+    block's settings (for ik on deepseek-v3: its plain top-8, so that its error is its quantization's),
+    experts through ``moe_cpu.reference.fused_experts_float64``, the shared expert in NumPy. The input rows
+    are ik's own FFN input: a separate ik context with an eval callback (``cb_eval`` in llama_context_params)
+    copies the graph tensors ``ffn_inp_normed-0`` (deepseek2: ``ffn_norm-0``; the ffn_norm output, the MoE
+    block's input) and the MoE output (``routed_out-0``; deepseek2: ``ffn_out-0``, routed plus shared, before
+    the residual add) during one decode of M tokens. ik's error compares that output with the reference on
+    those rows; moe_cpu's error compares ``layer(rows)`` with the same reference.
 
 The peer (bench-only, never a runtime dependency: moe_cpu never imports it; this script puts ``--ik-dir``
 first on sys.path for itself only)
@@ -69,6 +77,7 @@ first on sys.path for itself only)
 
 Usage
     python bench/ik_peer.py --small                                  # tiny shape, a quick check of the plumbing
+    python bench/ik_peer.py --block deepseek-v3 --types Q2_K,IQ2_XXS --m 1,128 --ik-configs 'rtr=0,fmoe=1;rtr=1,fmoe=1'
     python bench/ik_peer.py --types Q4_0,Q8_0,Q4_K,IQ4_XS,Q5_K,Q6_K --m 1,128,512 --threads 2 --out r.json
     MOE_CPU_ISA=avx2 python bench/ik_peer.py ...                     # moe_cpu on its AVX2 tier (as ik's wheel)
     python bench/ik_peer.py --prepare-only                           # only write and quantize the GGUF files
@@ -86,7 +95,7 @@ import subprocess
 import sys
 import time
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -118,13 +127,38 @@ class Shape:
     n_head_kv: int = 1
     head_dim: int = 128
     n_vocab: int = 259       # <unk> <s> </s> + 256 byte tokens
+    arch: str = "qwen3moe"
+    # DeepSeek-V3 (deepseek2): sigmoid scores, correction bias, groups, scaled weights, one shared expert of width I
+    n_group: int = 0         # expert groups (0: plain top-k)
+    topk_group: int = 0      # groups kept per token
+    n_shared: int = 0        # shared experts (their FFN: n_shared * I, as llama.cpp's n_ff_exp * n_expert_shared)
+    scale: float = 1.0       # routed_scaling_factor
+    q_lora: int = 0          # MLA ranks (deepseek2 only; attention cancels out in full - twin)
+    kv_lora: int = 0
 
     def tag(self, I: int) -> str:
-        return f"H{self.H}_E{self.E}_I{I}_k{self.top_k}"
+        base = f"H{self.H}_E{self.E}_I{I}_k{self.top_k}"
+        return base if self.arch == "qwen3moe" else f"ds_{base}_g{self.n_group}_{self.topk_group}"
+
+    @property
+    def io_names(self) -> Tuple[str, Tuple[str, ...]]:
+        """ik's graph nodes holding the MoE block's input and output (routed experts, plus the shared expert)."""
+        if self.arch == "deepseek2":
+            return "ffn_norm-0", ("ffn_out-0",)
+        return IN_NAME, OUT_NAMES
 
 
-REAL = Shape()
-SMALL = Shape(H=256, E=8, I=256, top_k=2)
+QWEN3 = Shape()
+QWEN3_SMALL = Shape(H=256, E=8, I=256, top_k=2)
+# DeepSeek-V3's MoE block: H 7168, expert FFN 2048, 8 of 256 experts in 8 groups (top 4 groups by the sum of their
+# best 2 biased scores), sigmoid scores renormalized over the chosen 8 and scaled by 2.5, one shared expert of 2048.
+# E is cut to 32 (4 per group) by default (--experts): the F16 base file of 256 would be 22 GB. MLA attention with
+# DeepSeek-V3's ranks (q 1536, kv 512, rope 64, nope 128, v 128) but 2 heads.
+DEEPSEEK = Shape(H=7168, E=32, I=2048, top_k=8, n_head=2, n_head_kv=2, head_dim=192, arch="deepseek2",
+                 n_group=8, topk_group=4, n_shared=1, scale=2.5, q_lora=1536, kv_lora=512)
+DEEPSEEK_SMALL = Shape(H=256, E=16, I=256, top_k=4, n_head=2, n_head_kv=2, head_dim=192, arch="deepseek2",
+                       n_group=8, topk_group=4, n_shared=1, scale=2.5, q_lora=256, kv_lora=512)
+BLOCKS = {"qwen3-30b-a3b": (QWEN3, QWEN3_SMALL), "deepseek-v3": (DEEPSEEK, DEEPSEEK_SMALL)}
 
 
 # ------------------------------------------------------------------------------------------------ GGUF
@@ -142,15 +176,16 @@ def _gauss(seed: int, name: str, shape: Tuple[int, ...], fan_in: int, dtype) -> 
 
 
 def write_base(path: str, sh: Shape, I: int, seed: int, base_dtype: str) -> None:
-    """A one-layer qwen3moe GGUF with expert FFN ``I``; everything but the experts is the same for any I."""
+    """A one-layer MoE GGUF (``sh.arch``) with expert FFN ``I``; everything but the experts is the same for any I
+    (deepseek2: the shared expert is n_shared * I wide, as llama.cpp reads it, so the twin's is narrow too)."""
     import gguf
 
     H, E, hd = sh.H, sh.E, sh.head_dim
-    qd, kvd = sh.n_head * hd, sh.n_head_kv * hd
+    ds = sh.arch == "deepseek2"
     edt = np.float16 if base_dtype == "f16" else np.float32
     tmp = path + ".part"
-    w = gguf.GGUFWriter(tmp, "qwen3moe")
-    w.add_name(f"ik_peer one-layer qwen3moe {sh.tag(I)}")
+    w = gguf.GGUFWriter(tmp, sh.arch)
+    w.add_name(f"ik_peer one-layer {sh.arch} {sh.tag(I)}")
     w.add_context_length(4096)
     w.add_embedding_length(H)
     w.add_block_count(1)
@@ -158,12 +193,23 @@ def write_base(path: str, sh: Shape, I: int, seed: int, base_dtype: str) -> None
     w.add_head_count(sh.n_head)
     w.add_head_count_kv(sh.n_head_kv)
     w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_rope_freq_base(1e6)
+    w.add_value_length(128 if ds else hd)
+    w.add_rope_freq_base(1e6 if not ds else 1e4)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_expert_count(E)
     w.add_expert_used_count(sh.top_k)
     w.add_expert_feed_forward_length(I)
+    if ds:
+        w.add_rope_dimension_count(64)
+        w.add_q_lora_rank(sh.q_lora)
+        w.add_kv_lora_rank(sh.kv_lora)
+        w.add_leading_dense_block_count(0)
+        w.add_expert_shared_count(sh.n_shared)
+        w.add_expert_weights_scale(sh.scale)
+        w.add_expert_weights_norm(True)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_group_count(sh.n_group)
+        w.add_expert_group_used_count(sh.topk_group)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if base_dtype == "f16" else gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("llama")
     toks = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
@@ -182,19 +228,45 @@ def write_base(path: str, sh: Shape, I: int, seed: int, base_dtype: str) -> None
         "output_norm.weight": ones(H),
         "output.weight": f32("output.weight", (sh.n_vocab, H), H),
         "blk.0.attn_norm.weight": ones(H),
-        "blk.0.attn_q.weight": f32("blk.0.attn_q.weight", (qd, H), H),
-        "blk.0.attn_k.weight": f32("blk.0.attn_k.weight", (kvd, H), H),
-        "blk.0.attn_v.weight": f32("blk.0.attn_v.weight", (kvd, H), H),
-        "blk.0.attn_output.weight": f32("blk.0.attn_output.weight", (H, qd), qd),
-        "blk.0.attn_q_norm.weight": ones(hd),
-        "blk.0.attn_k_norm.weight": ones(hd),
+    }
+    if ds:   # MLA: q through a rank-q_lora bottleneck, k/v through a rank-kv_lora latent plus 64 rope dims
+        nq, nkvb, vd = sh.n_head * hd, sh.n_head * (hd - 64 + 128), sh.n_head * 128
+        tensors.update({
+            "blk.0.attn_q_a_norm.weight": ones(sh.q_lora),
+            "blk.0.attn_kv_a_norm.weight": ones(sh.kv_lora),
+            "blk.0.attn_q_a.weight": f32("blk.0.attn_q_a.weight", (sh.q_lora, H), H),
+            "blk.0.attn_q_b.weight": f32("blk.0.attn_q_b.weight", (nq, sh.q_lora), sh.q_lora),
+            "blk.0.attn_kv_a_mqa.weight": f32("blk.0.attn_kv_a_mqa.weight", (sh.kv_lora + 64, H), H),
+            "blk.0.attn_kv_b.weight": f32("blk.0.attn_kv_b.weight", (nkvb, sh.kv_lora), sh.kv_lora),
+            "blk.0.attn_output.weight": f32("blk.0.attn_output.weight", (H, vd), vd),
+        })
+    else:
+        qd, kvd = sh.n_head * hd, sh.n_head_kv * hd
+        tensors.update({
+            "blk.0.attn_q.weight": f32("blk.0.attn_q.weight", (qd, H), H),
+            "blk.0.attn_k.weight": f32("blk.0.attn_k.weight", (kvd, H), H),
+            "blk.0.attn_v.weight": f32("blk.0.attn_v.weight", (kvd, H), H),
+            "blk.0.attn_output.weight": f32("blk.0.attn_output.weight", (H, qd), qd),
+            "blk.0.attn_q_norm.weight": ones(hd),
+            "blk.0.attn_k_norm.weight": ones(hd),
+        })
+    tensors.update({
         "blk.0.ffn_norm.weight": ones(H),
         "blk.0.ffn_gate_inp.weight": f32("blk.0.ffn_gate_inp.weight", (E, H), H),
         # seeds name the width, so the twin's experts are their own draw (only their width matters)
         "blk.0.ffn_gate_exps.weight": _gauss(seed, f"gate_exps{I}", (E, I, H), H, edt),
         "blk.0.ffn_up_exps.weight": _gauss(seed, f"up_exps{I}", (E, I, H), H, edt),
         "blk.0.ffn_down_exps.weight": _gauss(seed, f"down_exps{I}", (E, H, I), I, edt),
-    }
+    })
+    if ds:
+        Is = sh.n_shared * I
+        tensors.update({
+            # DeepSeek-V3's correction biases are small against the spread of the sigmoid scores
+            "blk.0.exp_probs_b.bias": (_rng(seed, "exp_probs_b").standard_normal(E) * 0.05).astype(np.float32),
+            "blk.0.ffn_gate_shexp.weight": _gauss(seed, f"gate_shexp{Is}", (Is, H), H, edt),
+            "blk.0.ffn_up_shexp.weight": _gauss(seed, f"up_shexp{Is}", (Is, H), H, edt),
+            "blk.0.ffn_down_shexp.weight": _gauss(seed, f"down_shexp{Is}", (H, Is), Is, edt),
+        })
     for name, t in tensors.items():
         w.add_tensor(name, t)
     w.write_header_to_file()
@@ -385,6 +457,9 @@ class Ik:
         p.use_mmap = False                 # weights in anonymous memory, as moe_cpu's packed copy; rtr needs it
         p.repack_tensors = cfg.rtr
         p.merge_up_gate_exps = cfg.muge
+        # the model's MLA setting must match the context's (mla_attn, default 3): with the model's default 0, ik
+        # does not derive attn_k_b / attn_v_b from attn_kv_b and the deepseek2 graph reads a null tensor
+        p.mla = self.C.llama_context_default_params().mla_attn
         n = len(self.log)
         m = self.C.llama_model_load_from_file(path.encode(), p)
         if not m:
@@ -541,24 +616,47 @@ class Reference:
         self.w13[:, I:] = deq("blk.0.ffn_up_exps.weight")
         self.w2 = deq("blk.0.ffn_down_exps.weight")
         self.gate = deq("blk.0.ffn_gate_inp.weight").reshape(E, H)
-        self.top_k = sh.top_k
+        self.top_k, self.sh = sh.top_k, sh
+        self.shared = None
+        if sh.n_shared:
+            self.shared = (np.concatenate([deq("blk.0.ffn_gate_shexp.weight"), deq("blk.0.ffn_up_shexp.weight")]),
+                           deq("blk.0.ffn_down_shexp.weight"))
+            self.bias = deq("blk.0.exp_probs_b.bias").reshape(E)
 
-    def routing(self, x: np.ndarray):
+    def routing(self, x: np.ndarray, grouped: bool = True):
+        """The block's routing from float64 router logits; ``grouped=False``: plain top-k of the biased scores
+        (ik's deepseek2 graph ignores the expert groups)."""
         import moe_cpu as mc
 
         logits = (x.astype(np.float64) @ self.gate.astype(np.float64).T).astype(np.float32)
-        return mc.select_experts(logits, self.top_k, renormalize=True)
+        sh = self.sh
+        if sh.arch != "deepseek2":
+            return mc.select_experts(logits, self.top_k, renormalize=True)
+        g = grouped and sh.n_group > 1
+        return mc.select_experts(logits, self.top_k, renormalize=True, scoring_func="sigmoid",
+                                 use_grouped_topk=g, num_expert_group=sh.n_group if g else None,
+                                 topk_group=sh.topk_group if g else None, e_score_correction_bias=self.bias,
+                                 routed_scaling_factor=sh.scale)
 
-    def __call__(self, x: np.ndarray, chunk: int = 16) -> np.ndarray:
+    def routed(self, x: np.ndarray, grouped: bool = True, chunk: int = 8) -> np.ndarray:
         from moe_cpu.reference import fused_experts_float64
 
-        w, ids = self.routing(x)
+        w, ids = self.routing(x, grouped)
         E, out = self.w13.shape[0], np.zeros((x.shape[0], self.w2.shape[1]))
         for e0 in range(0, E, chunk):       # a few experts at a time: float64 copies of all of them are ~5 GB
             e1 = min(E, e0 + chunk)
             emap = np.full(E, -1, np.int32)
             emap[e0:e1] = np.arange(e1 - e0, dtype=np.int32)
             out += fused_experts_float64(x, self.w13[e0:e1], self.w2[e0:e1], w, ids, "silu", expert_map=emap)
+        return out
+
+    def __call__(self, x: np.ndarray, grouped: bool = True) -> np.ndarray:
+        out = self.routed(x, grouped)
+        if self.shared is not None:
+            w13, w2 = (a.astype(np.float64) for a in self.shared)
+            gu = x.astype(np.float64) @ w13.T
+            g, u = gu[:, :w2.shape[1]], gu[:, w2.shape[1]:]
+            out += (g / (1 + np.exp(-g)) * u) @ w2.T
         return out
 
 
@@ -597,21 +695,25 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
                               "tensor_types": {k: v for k, v in types_full.items() if k.startswith("blk.")},
                               "twin_tensor_types": {k: v for k, v in types_twin.items() if "exps" in k}}
     ik.lib.ggml_row_size.argtypes, ik.lib.ggml_row_size.restype = [ctypes.c_int, ctypes.c_int64], ctypes.c_size_t
-    res["gguf_expert_bytes"] = int(sum(int(ik.lib.ggml_row_size(tid, ne[0])) * int(np.prod(ne[1:]))
-                                       for name, (tid, ne, _) in gguf_tensors(full).items() if "_exps." in name))
+    nbytes = {name: int(ik.lib.ggml_row_size(tid, ne[0])) * int(np.prod(ne[1:]))
+              for name, (tid, ne, _) in gguf_tensors(full).items()}
+    res["gguf_expert_bytes"] = sum(v for k, v in nbytes.items() if "_exps." in k)
+    res["gguf_shared_bytes"] = sum(v for k, v in nbytes.items() if "_shexp." in k)
     t0 = time.perf_counter()
     act_block = args.act_block if args.act_block == "auto" else None if args.act_block == "none" else int(args.act_block)
     layer = mc.MoELayer.from_pretrained(full, layer_idx=0, act_block=act_block)
     res["mc_load_s"] = time.perf_counter() - t0
     res["mc"] = {"w13": {"form": layer.w13.form, "kernel": layer.w13.kernel, "scheme": layer.w13.scheme},
                  "w2": {"form": layer.w2.form, "kernel": layer.w2.kernel, "scheme": layer.w2.scheme},
-                 "act_blocks": list(layer.act_blocks), "nbytes": int(layer.w13.nbytes + layer.w2.nbytes)}
+                 "act_blocks": list(layer.act_blocks), "nbytes": int(layer.w13.nbytes + layer.w2.nbytes),
+                 "shared_nbytes": int(layer.shared_w13.nbytes + layer.shared_w2.nbytes) if layer.has_shared_expert else 0,
+                 "routing": layer.router.describe()}
     mc.set_num_threads(args.threads)
     n_max = max(Ms)
     rng = np.random.default_rng(args.seed + 1)
     # a pool of inputs per M, used in turn, so that successive calls route to other experts (as ik's tokens)
     xs = {M: [rng.standard_normal((M, sh.H), dtype=np.float32) for _ in range(POOL)] for M in Ms}
-    routes = {M: [mc.select_experts(x @ layer.gate.T, sh.top_k, renormalize=True) for x in xs[M]] for M in Ms}
+    routes = {M: [layer.router.route(x) for x in xs[M]] for M in Ms}
     turn = {"mc": 0, "mc_exp": 0}
 
     # ik: a full and a twin model per model config, one timing context per (config)
@@ -688,18 +790,24 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
         ik.free(ctxs[c][0]), ik.free(ctxs[c][1])
 
     # errors: one capture decode per (config, M) on a context with the eval callback
-    refs: List[Tuple[np.ndarray, np.ndarray]] = []     # (x, float64 reference) cache
+    refs: List[Tuple[np.ndarray, bool, np.ndarray]] = []     # (x, grouped, float64 reference) cache
     t0 = time.perf_counter()
     reference = Reference(full, sh, ik.lib)
     res["ref_dequant_s"] = time.perf_counter() - t0
 
-    def ref_of(x):
-        for xx, rr in refs:
-            if xx.shape == x.shape and np.array_equal(xx, x):
+    def ref_of(x, grouped):
+        for xx, gg, rr in refs:
+            if gg == grouped and xx.shape == x.shape and np.array_equal(xx, x):
                 return rr
-        rr = reference(x)
-        refs.append((x, rr))
+        rr = reference(x, grouped)
+        refs.append((x, grouped, rr))
         return rr
+
+    in_name, out_names = sh.io_names
+    # ik's deepseek2 graph takes a plain top-k of the biased scores (it ignores the expert groups): its error is
+    # measured against the reference of that routing, moe_cpu's against the block's grouped routing
+    ik_grouped = sh.n_group <= 1
+    res["ik_routing"] = "grouped, as the file says" if ik_grouped else "plain top-k (ik ignores expert groups)"
 
     per_m: Dict[int, Dict[str, object]] = {}
     for M in Ms:
@@ -708,15 +816,15 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
             # muge merges up and gate when a context is made, once per model: give that one a fresh model
             model = ik.load(full, c) if c.muge else models[(c.rtr, c.muge)][0]
             ctx = ik.context(model, c, n_max, True)
-            got = ik.capture(ctx, M, {IN_NAME, *OUT_NAMES})
+            got = ik.capture(ctx, M, {in_name, *out_names})
             ik.free(ctx, model if c.muge else None)
-            out_name = next((n for n in OUT_NAMES if n in got), None)
-            if IN_NAME not in got or out_name is None:
-                raise RuntimeError(f"ik's graph has no {IN_NAME} / {OUT_NAMES} (see --list-nodes); got {list(got)}")
-            x, y = got[IN_NAME], got[out_name]
+            out_name = next((n for n in out_names if n in got), None)
+            if in_name not in got or out_name is None:
+                raise RuntimeError(f"ik's graph has no {in_name} / {out_names} (see --list-nodes); got {list(got)}")
+            x, y = got[in_name], got[out_name]
             if x.shape != (M, sh.H) or y.shape != (M, sh.H):
-                raise RuntimeError(f"captured {IN_NAME} {x.shape}, {out_name} {y.shape}; expected ({M}, {sh.H})")
-            ref = ref_of(x)
+                raise RuntimeError(f"captured {in_name} {x.shape}, {out_name} {y.shape}; expected ({M}, {sh.H})")
+            ref = ref_of(x, ik_grouped)
             full_t, twin_t = np.array(T[M][c.name()]["full"]), np.array(T[M][c.name()]["twin"])
             d["ik"][c.name()] = {"err": rel_l2(y, ref), "out_tensor": out_name,
                                  "ms": float(np.median(full_t - twin_t)) * 1e3,
@@ -724,9 +832,10 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
                                  "ms_best": float(full_t.min() - twin_t.min()) * 1e3}
             if ci == 0:
                 time.sleep(args.pause)
-                d["mc_err"] = rel_l2(layer(x), ref)
+                d["mc_err"] = rel_l2(layer(x), ref_of(x, True))
                 w, ids = reference.routing(x)
-                d["mc_exp_err"] = rel_l2(mc.fused_experts(x, layer.w13, layer.w2, w, ids, activation="silu"), ref)
+                d["mc_exp_err"] = rel_l2(mc.fused_experts(x, layer.w13, layer.w2, w, ids, activation="silu"),
+                                         reference.routed(x) if sh.n_shared else ref)
         d["mc_ms"] = float(np.median(T[M]["mc"])) * 1e3
         d["mc_exp_ms"] = float(np.median(T[M]["mc_exp"])) * 1e3
         d["mc_ms_best"] = float(np.min(T[M]["mc"])) * 1e3
@@ -735,10 +844,11 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
         d["ik_ms_best"] = min(v["ms_best"] for v in d["ik"].values())
         # weight bytes the experts touch (the expected number of distinct experts for M random routings), per
         # second of each engine's time: ik reads the GGUF blocks (or their repacked twins), moe_cpu its packing
+        # (the shared expert always: its bytes count in the layer's and ik's MoE time, not in "mc exp")
         touched = (1 - (1 - sh.top_k / sh.E) ** M)
         b = d["ik"][best]["ms"] / 1e3
-        d["ik_GBps"] = res["gguf_expert_bytes"] * touched / b / 1e9 if b > 0 else float("nan")
-        d["mc_GBps"] = res["mc"]["nbytes"] * touched / (d["mc_ms"] / 1e3) / 1e9
+        d["ik_GBps"] = (res["gguf_expert_bytes"] * touched + res["gguf_shared_bytes"]) / b / 1e9 if b > 0 else float("nan")
+        d["mc_GBps"] = (res["mc"]["nbytes"] * touched + res["mc"]["shared_nbytes"]) / (d["mc_ms"] / 1e3) / 1e9
         d["mc_exp_GBps"] = res["mc"]["nbytes"] * touched / (d["mc_exp_ms"] / 1e3) / 1e9
         d["read_GBps"] = float(np.median(T[M]["bw"])) if T[M]["bw"] else float("nan")
         d["read_GBps_range"] = [float(min(T[M]["bw"])), float(max(T[M]["bw"]))] if T[M]["bw"] else []
@@ -755,11 +865,16 @@ def print_type(res: Dict[str, object]) -> None:
     exps = "/".join(tt.get(f"blk.0.ffn_{n}_exps.weight", "?") for n in ("gate", "up", "down"))
     tw = res["twin_tensor_types"].get("blk.0.ffn_down_exps.weight", "?")
     m = res["mc"]
+    shx = "/".join(tt.get(f"blk.0.ffn_{n}_shexp.weight", "?") for n in ("gate", "up", "down"))
+    shx = f", shared expert {shx} ({res['gguf_shared_bytes'] / 2**20:.0f} MiB)" if res["gguf_shared_bytes"] else ""
+    att = tt.get("blk.0.attn_q.weight") or tt.get("blk.0.attn_q_b.weight")
     print(f"\n== {res['type']} (load average after: {', '.join(f'{x:.1f}' for x in res['loadavg_after'])})"
-          f": experts gate/up/down {exps} ({res['gguf_expert_bytes'] / 2**20:.0f} MiB), router "
-          f"{tt.get('blk.0.ffn_gate_inp.weight')}, attention {tt.get('blk.0.attn_q.weight')}; twin's down {tw}")
+          f": experts gate/up/down {exps} ({res['gguf_expert_bytes'] / 2**20:.0f} MiB){shx}, router "
+          f"{tt.get('blk.0.ffn_gate_inp.weight')}, attention {att}; twin's down {tw}")
     print(f"   moe_cpu: w13 {m['w13']['form']} ({m['w13']['kernel']}), w2 {m['w2']['form']} ({m['w2']['kernel']}), "
-          f"act_blocks {tuple(m['act_blocks'])}, {m['nbytes'] / 2**20:.0f} MiB packed")
+          f"act_blocks {tuple(m['act_blocks'])}, {m['nbytes'] / 2**20:.0f} MiB packed"
+          + (f" + shared {m['shared_nbytes'] / 2**20:.0f} MiB" if m["shared_nbytes"] else ""))
+    print(f"   routing: moe_cpu {m['routing']}; ik {res['ik_routing']}")
     print(f"   {'M':>4} | {'ik ms':>8} | {'moe_cpu ms':>10} | {'ik/mc':>5} | {'mc exp ms':>9} | {'ik GB/s':>7} | "
           f"{'mc GB/s':>7} | {'ik err':>8} | {'mc err':>8} | {'best-of ik/mc':>17} | ik config")
     for M, d in res["M"].items():
@@ -788,7 +903,13 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2, help="threads for both (default 2)")
     ap.add_argument("--reps", type=int, default=7, help="timed rounds (default 7)")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up calls per engine and M (default 2)")
-    ap.add_argument("--small", action="store_true", help="tiny shape (H 256, 8 experts, FFN 256, top-2)")
+    ap.add_argument("--block", choices=sorted(BLOCKS), default="qwen3-30b-a3b",
+                    help="the MoE block (default qwen3-30b-a3b; deepseek-v3: H 7168, FFN 2048, grouped sigmoid "
+                         "top-8, a shared expert)")
+    ap.add_argument("--experts", type=int, help="experts E (default: 128 for qwen3-30b-a3b, 32 for deepseek-v3, "
+                    "cut from 256 to fit memory; a multiple of the 8 groups)")
+    ap.add_argument("--small", action="store_true", help="tiny shape of the block (H 256, FFN 256, 8 or 16 "
+                    "experts, top-2 or 4)")
     ap.add_argument("--ik-dir", default="/tmp/ikpeer", help="where the peer wheel lives (default /tmp/ikpeer)")
     ap.add_argument("--ik-lib", help="another libllama.so for the wheel's ctypes API (IK_LLAMA_CPP_LIB_PATH): e.g. "
                     "ik_llama.cpp at the wheel's commit built with -DGGML_NATIVE=ON (docs/performance.md)")
@@ -811,7 +932,12 @@ def main(argv=None) -> None:
     ap.add_argument("--verbose", action="store_true", help="show ik's log")
     args = ap.parse_args(argv)
 
-    sh = SMALL if args.small else REAL
+    sh = BLOCKS[args.block][1 if args.small else 0]
+    if args.experts is not None:
+        if args.experts < sh.top_k or (sh.n_group and args.experts % sh.n_group):
+            ap.error(f"--experts {args.experts}: needs at least top-k {sh.top_k} experts"
+                     + (f" in whole groups of {sh.n_group}" if sh.n_group else ""))
+        sh = replace(sh, E=args.experts)
     try:
         Ms = [int(m) for m in args.m.split(",") if m]
     except ValueError:

@@ -206,6 +206,9 @@ def test_runs_tiny_or_refuses_in_one_line(script, tmp_path):
     ("ik_peer.py", ["--ik-lib", "/nonexistent/libllama.so"], "--ik-lib '/nonexistent/libllama.so' is not a file"),
     ("ik_peer.py", ["--ik-configs", "rtr=1,speed=9"], "unknown option(s) ['speed']"),
     ("ik_peer.py", ["--no-install", "--ik-dir", "/nonexistent"], "no ik_llama.cpp peer in /nonexistent"),
+    ("ik_peer.py", ["--block", "deepseek-v3", "--experts", "36"], "--experts 36: needs at least top-k 8 experts in "
+                                                                    "whole groups of 8"),
+    ("ik_peer.py", ["--block", "llama"], "argument --block: invalid choice: 'llama'"),
     ("a16_vs_a8.py", ["--m", "0"], "token counts must be >= 1"),
     ("a16_vs_a8.py", ["--m", "1,x"], "expected comma-separated token counts"),
     ("a16_vs_a8.py", ["--weights", "int3"], "--weights: unknown 'int3'"),
@@ -266,6 +269,28 @@ def test_contention_refuses_a_missing_ik_peer(tmp_path):
 def test_ep_scaling_refuses_bad_rank_counts(tmp_path):
     out = run("ep_scaling.sh", [], tmp_path, {"RANKS": "1 two", "LOG": str(tmp_path / "log")})
     assert_one_line_refusal(out, mpi_needs() or "RANKS='1 two' must hold rank counts >= 1")
+
+
+def test_ik_peer_deepseek_block_routes_grouped_with_a_shared_expert(tmp_path):
+    """The DeepSeek-V3-shaped block (deepseek2 file: MLA attention, grouped sigmoid routing, a shared expert) runs
+    on both engines, and moe_cpu's layer error against the float64 reference of the dequantized file (routed
+    experts plus the shared one) is a quantization error, not a routing or shared-expert mistake."""
+    lacks = ik_peer_needs()
+    if lacks:
+        pytest.skip(lacks)
+    out = run("ik_peer.py", ["--small", "--block", "deepseek-v3", "--types", "Q8_0", "--m", "1,8", "--reps", "1",
+                             "--warmup", "1", "--no-bw", "--ik-configs", "rtr=0,fmoe=1", "--no-install",
+                             "--work-dir", str(tmp_path)], tmp_path, timeout=600)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "shared expert Q8_0/Q8_0/Q8_0" in out.stdout, out.stdout[-3000:]
+    assert ("routing: moe_cpu grouped sigmoid top-4, 4 of 8 groups, correction bias, renormalized, scale 2.5; "
+            "ik plain top-k") in out.stdout, out.stdout[-3000:]
+    rows = [ln.split("|") for ln in out.stdout.splitlines() if ln.strip().startswith(("1 |", "8 |"))]
+    assert len(rows) == 2, out.stdout[-3000:]
+    for r in rows:   # columns: M, ik ms, moe_cpu ms, ratio, mc exp ms, ik GB/s, mc GB/s, ik err, mc err, ...
+        ik_err, mc_err = float(r[7]), float(r[8])
+        # Q8_0 weights and 8-bit activations: both about 1.2e-2; a wrong expert, weight or shared expert is O(1)
+        assert 0 < mc_err < 3e-2 and 0 < ik_err < 3e-2, r
 
 
 def test_ik_peer_types_are_the_loaders():

@@ -116,7 +116,8 @@ def pack_int4(qweight: np.ndarray, scales: np.ndarray, group_size: int = 128,
         qweight: int8 ``[E, N, K]`` with values in [-8, 7] (symmetric), or uint8 codes in [0, 15]
             when ``zeros`` or ``codebook`` is given.
         scales: float32 or bfloat16 ``[E, N, K // group_size]`` (``[E, N, 1]`` for per channel).
-        group_size: a positive multiple of 32 that divides K, or -1 for one scale per channel.
+        group_size: a positive multiple of 16 (``int4_w4a16``: of 32) that divides K, or -1 for one scale per
+            channel.
         zeros: optional uint8/int8 zero points ``[E, N, K // group_size]`` in [0, 15].
         codebook: optional int8 ``[16]`` (or 16 ints): the integer value of each 4-bit code, e.g.
             IQ4_NL's table, MXFP4's e2m1 values times 2, or ``range(16)`` for unsigned codes.

@@ -147,9 +147,15 @@ def resolve_scheme(sources: Sequence[Source], requested: Optional[str], what: st
     """
     natives = {s.native for s in sources}
     names = ", ".join(s.name for s in sources)
-    if natives <= set(A8):   # int4 stays int4 only with one codebook and groups of 32s
+    if natives <= set(A8):   # int4 stays int4 only with one codebook and groups of 16s (A16: of 32s)
         gs = [s.group for s in sources if s.group != -1]
-        if len({s.codebook for s in sources}) > 1 or (gs and math.gcd(*gs) % 32):
+        a16 = requested in (None, "") and all(s.a16 for s in sources) or (requested or "").endswith("a16")
+        short = bool(gs) and math.gcd(*gs) % (32 if a16 else 16) != 0
+        if len({s.codebook for s in sources}) > 1 or short:
+            if short and requested == "int4_w4a16" and not math.gcd(*gs) % 16:
+                raise ValueError(f"{what}: scheme='int4_w4a16' takes int4 groups of 32 or more, but tensors {names} "
+                                 f"have int4 groups of {math.gcd(*gs)}; pass scheme='int8_w8a16' (their codes "
+                                 "widened to int8, lossless) or 'int4_w4a8'")
             natives = natives | {"int8_w8a8"}
     if natives == {"float"}:
         return requested or "bf16"

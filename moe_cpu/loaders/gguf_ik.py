@@ -77,7 +77,7 @@ def iq2_k(t: Blocks) -> Part:
     ls = _field(t.b, 4, s // 2, 4 * (s % 2), 15).astype(np.int8) - np.int8(8)
     e = _bit(t.words(2, 1, np.uint16)[..., 0], _W // 16)
     q = _field(t.b, 12, 32 * (_W // 128) + _W % 32, 2 * ((_W // 32) % 4), 3)
-    return Part("int", rows(IQ2NL[q + 4 * e]), _scaled(t.f16(0), ls))
+    return Part("int", rows(q + 4 * e), _scaled(t.f16(0), ls), codebook=IQ2NL_CODEBOOK)
 
 
 def iq3_k(t: Blocks) -> Part:
@@ -87,7 +87,7 @@ def iq3_k(t: Blocks) -> Part:
     ls = np.where(_bit(t.words(4, 1, np.uint16)[..., 0], s).astype(bool), -mag, mag)
     e = _bit(t.words(2, 1, np.uint16)[..., 0], _W // 16)
     q = _field(t.b, 14, 32 * (g // 4) + _W % 32, 2 * (g % 4), 3) | (_field(t.b, 78, _W % 32, g, 1) << 2)
-    return Part("int", rows(IQ3NL[q + 8 * e]), _scaled(t.f16(0), ls))
+    return Part("int", rows(q + 8 * e), _scaled(t.f16(0), ls), codebook=IQ3NL_CODEBOOK)
 
 
 def _six_bit_scales(t: Blocks, off_h: int, off_l: int) -> np.ndarray:
@@ -245,8 +245,8 @@ def iq4_kt(t: Blocks) -> Part:
 # name -> (ik type id, native scheme, group, elements per block, bytes per block, row scale bytes, decoder, int4 codebook)
 IK_QUANT: Dict[str, tuple] = {
     "Q6_0": (133, "int8_w8a8", 32, 32, 26, 0, q6_0, None),
-    "IQ2_K": (137, "int8_w8a8", 16, 256, 76, 0, iq2_k, None),
-    "IQ3_K": (138, "int8_w8a8", 16, 256, 110, 0, iq3_k, None),
+    "IQ2_K": (137, "int4_w4a8", 16, 256, 76, 0, iq2_k, IQ2NL_CODEBOOK),
+    "IQ3_K": (138, "int4_w4a8", 16, 256, 110, 0, iq3_k, IQ3NL_CODEBOOK),
     "IQ4_K": (139, "int8_w8a8", 16, 256, 144, 0, iq4_k, None),
     "IQ5_K": (140, "int8_w8a8", 16, 256, 176, 0, iq5_k, None),
     "IQ4_KS": (144, "int8_w8a8", 32, 256, 136, 4, iq4_ks, None),

@@ -153,10 +153,10 @@ _QUANT: Dict[str, Tuple[str, int, int, int, Callable[[Blocks], Part], Optional[t
     "TQ1_0": ("int4_w4a8", 256, 256, 54, lb.tq1_0, None, False),
     "TQ2_0": ("int4_w4a8", 256, 256, 66, lb.tq2_0, None, False),
     "IQ1_S": ("int4_w4a8", 32, 256, 50, lb.iq1_s, IQ1_VALUES, False),
-    "IQ1_M": ("int8_w8a8", 16, 256, 56, lb.iq1_m, None, False),
+    "IQ1_M": ("int4_w4a8", 16, 256, 56, lb.iq1_m, IQ1_VALUES, False),
     "IQ2_XXS": ("int4_w4a8", 32, 256, 66, lb.iq2_xxs, IQ2_VALUES, False),
-    "IQ2_XS": ("int8_w8a8", 16, 256, 74, lb.iq2_xs, None, False),
-    "IQ2_S": ("int8_w8a8", 16, 256, 82, lb.iq2_s, None, False),
+    "IQ2_XS": ("int4_w4a8", 16, 256, 74, lb.iq2_xs, IQ2_VALUES, False),
+    "IQ2_S": ("int4_w4a8", 16, 256, 82, lb.iq2_s, IQ2_VALUES, False),
     "IQ3_XXS": ("int4_w4a8", 32, 256, 98, lb.iq3_xxs, IQ3XXS_VALUES, False),
     "IQ3_S": ("int4_w4a8", 32, 256, 110, lb.iq3_s, IQ3S_VALUES, False),
 }

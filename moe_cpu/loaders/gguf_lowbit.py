@@ -2,8 +2,8 @@
 IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), decoded losslessly into moe_cpu's int forms.
 
 Every one of them is an integer value times a per-group float32 scale (minus a min for Q2_K), so each becomes
-an int4 form (through a 16-value codebook where the values are not -8..7) in groups of 32 or 256, or an int8
-form in groups of 16. ``unpack()`` equals ``gguf.quants.dequantize`` bit for bit: each scale is the float32 that
+an int4 form (through a 16-value codebook where the values are not -8..7) in groups of 16, 32 or 256, or an int8
+form in groups of 16 (Q2_K, Q3_K). ``unpack()`` equals ``gguf.quants.dequantize`` bit for bit: each scale is the float32 that
 ggml computes, and value * scale is rounded once as there. IQ1_S / IQ1_M's values grid + delta (delta = +-1/8)
 are held as 8 * grid + 8 * delta with the scale divided by 8 (exact: a power of two of a normal float32).
 
@@ -132,7 +132,7 @@ def iq2_xs(t: Blocks) -> Part:
     sc = t.nibbles(66, 8).reshape(*t.b.shape[:2], 2, 8).transpose(0, 1, 3, 2)     # low nibble first per byte
     s = t.f16(0)[..., None] * _half(sc.reshape(*t.b.shape[:2], 16)) * np.float32(0.25)
     v = _grid("IQ2_XS")[w & 511] * _even_signs(w >> 9)
-    return Part("int", rows(v), rows(s))
+    return Part("int", rows(_codes(v, IQ2_VALUES)), rows(s), codebook=IQ2_VALUES)
 
 
 def iq2_s(t: Blocks) -> Part:
@@ -143,7 +143,7 @@ def iq2_s(t: Blocks) -> Part:
     sc = t.nibbles(74, 8).reshape(N, nb, 2, 8).transpose(0, 1, 3, 2).reshape(N, nb, 16)
     s = t.f16(0)[..., None] * _half(sc) * np.float32(0.25)
     v = _grid("IQ2_S")[idx] * _signs(t.b[..., 34:66]).reshape(N, nb, 32, 8)
-    return Part("int", rows(v), rows(s))
+    return Part("int", rows(_codes(v, IQ2_VALUES)), rows(s), codebook=IQ2_VALUES)
 
 
 def iq3_xxs(t: Blocks) -> Part:
@@ -194,4 +194,4 @@ def iq1_m(t: Blocks) -> Part:
     nib = t.nibbles(32, 16).reshape(N, nb, 2, 16).transpose(0, 1, 3, 2).reshape(N, nb, 32)
     idx = t.b[..., 0:32].astype(np.uint16) | ((nib & 7).astype(np.uint16) << 8)
     v = _iq1_values(idx, (nib & 8).astype(bool))
-    return Part("int", rows(v), rows(dl / np.float32(8)))
+    return Part("int", rows(_codes(v, IQ1_VALUES)), rows(dl / np.float32(8)), codebook=IQ1_VALUES)

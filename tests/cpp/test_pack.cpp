@@ -155,7 +155,10 @@ TEST(PackErrors, RejectBadInput) {
   std::vector<float> s(2, 1.f);
   EXPECT_THROW(pack_int4(q.data(), 1, 1, 64, s.data(), 32, nullptr), ValueError);
   std::vector<int8_t> ok(64, 1);
-  EXPECT_THROW(pack_int4(ok.data(), 1, 1, 64, s.data(), 48, nullptr), ValueError);  // not a multiple of 32
+  EXPECT_THROW(pack_int4(ok.data(), 1, 1, 64, s.data(), 24, nullptr), ValueError);  // not a multiple of 16
+  std::vector<float> s4(4, 1.f);
+  EXPECT_NO_THROW(pack_int4(ok.data(), 1, 1, 64, s4.data(), 16, nullptr));  // W4A8: groups of 16 (GGUF IQ2_XS)
+  EXPECT_THROW(pack_int4(ok.data(), 1, 1, 64, s4.data(), 16, nullptr, nullptr, nullptr, true), ValueError);  // A16: 32
   EXPECT_THROW(pack_int4(ok.data(), 1, 1, 64, s.data(), 128, nullptr), ValueError);  // does not divide K
   s[1] = NAN;
   EXPECT_THROW(pack_int4(ok.data(), 1, 1, 64, s.data(), 32, nullptr), ValueError);

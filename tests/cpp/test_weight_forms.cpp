@@ -1,6 +1,7 @@
 // test_weight_forms.cpp — the int kernels on the checkpoint weight forms: int4 codebooks (IQ4_NL,
 // MXFP4 e2m1 x 2, unsigned 0..15, IQ2 / IQ3_XXS / IQ1 values, the int8 extremes), float group offsets (mins) on
-// int4 and int8, int8 with group 16 (GGUF Q6_K, Q3_K, Q2_K with mins) and int4 in groups of 256 (TQ), against a direct double computation of the dequantized math.
+// int4 and int8, int8 with group 16 (GGUF Q6_K, Q3_K, Q2_K with mins), int4 with group 16 (IQ2_XS, IQ2_S, IQ1_M,
+// ik's IQ2_K / IQ3_K) and in groups of 256 (TQ), against a direct double computation of the dequantized math.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -89,6 +90,14 @@ const FormCase kForms[] = {
     {"Iq2_M3", true, kIq2, false, 3, 40, 256, 32},                                                  // IQ2_XXS
     {"Iq3xxs_M1", true, kIq3xxs, false, 1, 48, 256, 32},                                            // IQ3_XXS
     {"Iq1_M7", true, kIq1, false, 7, 40, 256, 32},                                                  // IQ1_S
+    {"Iq2_G16_M1", true, kIq2, false, 1, 40, 256, 16},                                              // IQ2_XS, IQ2_S
+    {"Iq2_G16_M9", true, kIq2, false, 9, 37, 272, 16},
+    {"Iq2_G16_KScales_M1", true, kIq2, false, 1, 48, 256, 16, false, true},                         // as files hold it
+    {"Iq2_G16_KScales_M13", true, kIq2, false, 13, 40, 384, 16, false, true},
+    {"Iq1_G16_KScales_M6", true, kIq1, false, 6, 40, 256, 16, false, true},                         // IQ1_M
+    {"Iq3xxs_G16_M20", true, kIq3xxs, false, 20, 40, 256, 16},                                      // ik's IQ3_K
+    {"Signed_G16_Mins_M3", true, nullptr, true, 3, 24, 128, 16},
+    {"Unsigned_G48_M2", true, kUnsigned, false, 2, 24, 96, 48},
 };
 
 class WeightFormTest : public ::testing::TestWithParam<const KernelDesc*> {};
@@ -103,6 +112,12 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
     const bool a16 = is_a16_scheme(kd->scheme);
     SCOPED_TRACE(c.label);
     const int64_t E = 2, e = 1, N = c.N, K = c.K, R = c.rows;
+    if (c.int4 && a16 && c.group > 0 && c.group % 32) {  // int4 A16 takes groups of 32 only: a clear refusal
+      const std::vector<int8_t> q0(size_t(N * K), 0);
+      const std::vector<float> s0(size_t(N * K / c.group), 1.f);
+      EXPECT_THROW(pack_int4(q0.data(), 1, N, K, s0.data(), c.group, nullptr, nullptr, nullptr, true), ValueError);
+      continue;
+    }
     const int64_t gl = c.group > 0 ? c.group : K, G = K / gl;
     const bool extremes = c.codebook == kExtremes || c.top;
     // codes: int4 indices (or signed q), int8 values; the weight value v(code)

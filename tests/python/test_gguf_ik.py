@@ -16,7 +16,7 @@ from test_gguf_quants import check_layer, ggml_c
 from test_loaders import L, assert_load_raises, gguf_meta, write_gguf
 
 # type -> (ik type id, elements per block, bytes per block, row scale: None / "f16" / "f32", fp16 d offsets in a
-# block, group of the int8 form)
+# block, group of the int form)
 IK = {
     "Q6_0": (133, 32, 26, None, [0], 32), "IQ2_K": (137, 256, 76, None, [0], 16),
     "IQ3_K": (138, 256, 110, None, [0], 16), "IQ4_K": (139, 256, 144, None, [0], 16),
@@ -28,7 +28,7 @@ IK = {
     "IQ1_KT": (158, 256, 56, "f32", [], 32),
 }
 TYPES = sorted(IK)
-CODEBOOK_TYPES = ("IQ2_KS", "IQ3_KS", "IQ2_KL")   # 16 values or fewer in all: int4 codes through them
+CODEBOOK_TYPES = ("IQ2_K", "IQ3_K", "IQ2_KS", "IQ3_KS", "IQ2_KL")   # 16 values or fewer in all: int4 codes through them
 
 
 def row_bytes(typ, K):

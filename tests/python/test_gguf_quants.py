@@ -183,8 +183,9 @@ def test_low_bit_unpack_equals_ggml_c_dequantize(tmp_path, rng, typ):
 FORM = {"Q4_0": "int4", "Q4_1": "int4+codebook+mins", "Q5_0": "int8", "Q5_1": "int8+mins", "Q8_0": "int8",
         "Q4_K": "int4+codebook+mins", "Q5_K": "int8+mins", "Q6_K": "int8", "IQ4_NL": "int4+codebook",
         "IQ4_XS": "int4+codebook", "MXFP4": "int4+codebook",
-        "Q2_K": "int8+mins", "Q3_K": "int8", "TQ1_0": "int4", "TQ2_0": "int4", "IQ1_S": "int4+codebook", "IQ1_M": "int8",
-        "IQ2_XXS": "int4+codebook", "IQ2_XS": "int8", "IQ2_S": "int8", "IQ3_XXS": "int4+codebook",
+        "Q2_K": "int8+mins", "Q3_K": "int8", "TQ1_0": "int4", "TQ2_0": "int4", "IQ1_S": "int4+codebook",
+        "IQ1_M": "int4+codebook", "IQ2_XXS": "int4+codebook", "IQ2_XS": "int4+codebook", "IQ2_S": "int4+codebook",
+        "IQ3_XXS": "int4+codebook",
         "IQ3_S": "int4+codebook"}
 # The group of each form: the file's scale blocks (16, 32, or TQ's 256).
 GROUP = {t: 32 for t in FORM} | {t: 16 for t in ("Q6_K", "Q2_K", "Q3_K", "IQ1_M", "IQ2_XS", "IQ2_S")} | \
@@ -208,8 +209,13 @@ def test_layer_of_one_type(tmp_path, rng, typ, M):
     check_layer(rng, lw, keep, M)
     if M in (1, 257):             # 16-bit activations are one argument away, on every form
         a16 = lw.scheme[:-1] + "16"
+        if a16 == "int4_w4a16" and GROUP[typ] == 16:   # int4 A16 takes groups of 32: a clear error, or int8
+            with pytest.raises(ValueError, match="int4_w4a16' takes int4 groups of 32 or more.*groups of 16"):
+                load_layer(path, L, scheme=a16)
+            a16 = "int8_w8a16"
         lw16 = load_layer(path, L, scheme=a16)
-        assert lw16.scheme == lw16.w2.scheme == a16 and lw16.w13.form == FORM[typ]
+        assert lw16.scheme == lw16.w2.scheme == a16
+        assert lw16.w13.form == (FORM[typ] if a16.startswith(lw.scheme[:4]) else FORM[typ].replace("int4+codebook", "int8"))
         assert lw16.w13.act_block is None
         check_layer(rng, lw16, keep, M)
     if M == 3:                    # per token, or another block, on request
@@ -228,7 +234,8 @@ def test_layer_of_one_type(tmp_path, rng, typ, M):
     (("MXFP4", "IQ4_NL", "Q8_0"), ("int8", "int8")),                   # two codebooks: int8 values
     (("Q2_K", "Q2_K", "Q3_K"), ("int8+mins", "int8")),                 # the dynamic quants' Q2_K experts, down a step up
     (("IQ2_XXS", "IQ2_XXS", "IQ3_XXS"), ("int4+codebook", "int4+codebook")),   # a codebook each
-    (("IQ1_S", "IQ1_M", "IQ2_XS"), ("int8", "int8")),                  # g32 codebook with g16: int8 values in groups of 16
+    (("IQ1_S", "IQ1_M", "IQ2_XS"), ("int4+codebook", "int4+codebook")),  # one codebook, groups of 32 and 16: int4 g16
+    (("IQ2_XXS", "IQ2_S", "IQ1_M"), ("int4+codebook", "int4+codebook")),
     (("TQ1_0", "TQ2_0", "IQ3_S"), ("int4", "int4+codebook")),
 ])
 def test_mixed_types_in_one_layer(tmp_path, rng, types, forms):

@@ -465,7 +465,11 @@ void int4_avx2_code_form_gemm(const PackedExperts& w, int64_t e, int64_t b0, int
       return drive_g32<true, kS ? Codes::kQwordSigned : Codes::kQword, kBlk, 2>(w, e, b0, b1, a, c, ldc);
     }
   if constexpr (D == IntDot::kMaddubs && kBlk <= 1)
-    if (int4_g32_fits(w, a, C)) return drive_g32<true, C, kBlk, 2>(w, e, b0, b1, a, c, ldc);
+    if (int4_g32_fits(w, a, C)) {
+      if constexpr (C == Codes::kSigned || C == Codes::kTable)  // groups of 16: |codebook| tiles, one pass a group
+        if (w.group_len() == 16) return drive_g32<true, Codes::kSigned, kBlk, 1>(w, e, b0, b1, a, c, ldc);
+      if constexpr (C != Codes::kTable) return drive_g32<true, C, kBlk, 2>(w, e, b0, b1, a, c, ldc);
+    }
   if (w.qword_panels)  // (activation blocks shorter than a group of 32 do not exist: a guard, not a path)
     throw std::logic_error("int4 qword panels reached a kernel path without them");
   drive<IntAvx2<true, D, C, kBlk>::template Micro, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);

@@ -1,6 +1,6 @@
 // int_avx2_g32.h — row tiles of the vpmaddubsw int kernels (w4a8_avx2, w8a8_avx2) for short scale groups,
-// the GGUF forms: int4 groups of 32 (Q4_0, Q4_K, IQ4_NL / IQ4_XS), int8 groups of 32 (Q8_0, Q5_0, Q5_K) and 16
-// (Q6_K). MR rows x 8 columns at a time, one ymm fp32 sum per row across all groups. Per
+// the GGUF forms: int4 groups of 32 (Q4_0, Q4_K, IQ4_NL / IQ4_XS) and 16 through a codebook (IQ2_XS, IQ2_S, IQ1_M,
+// ik's IQ2_K / IQ3_K), int8 groups of 32 (Q8_0, Q5_0, Q5_K) and 16 (Q6_K). MR rows x 8 columns at a time, one ymm fp32 sum per row across all groups. Per
 // (group, 8 columns) the codes are unpacked once and serve every row of the tile; per row and group:
 //   int4 kPlain: 8 vpmaddubsw whose int16 outputs add as a tree (16 products <= 16 * 15 * 127 < 2^15), one
 //     vpmaddwd, minus code_zero * the group's code sum (int32);
@@ -39,9 +39,11 @@ inline bool g32_fits(const PackedExperts& w, const ActRows& a, int64_t gl) {
   return w.group_len() == gl && a.Kp == a.G * gl && a.G <= kG32MaxGroups && a.rows >= 2 && (!a.bscale || a.NP == 1);
 }
 // int4: groups of 32, no stored zero points, codes as stored (kPlain) or through |codebook| (kSigned; a
-// codebook of small codes, kTable, stays IntAvx2's).
+// codebook of small codes, kTable, stays IntAvx2's); or groups of 16 through a codebook (GGUF IQ2_XS, IQ2_S, IQ1_M,
+// ik's IQ2_K / IQ3_K: kSigned's tiles, one pass a group, small codes too).
 inline bool int4_g32_fits(const PackedExperts& w, const ActRows& a, Codes c) {  // (declared in int_avx2.h)
-  return g32_fits(w, a, 32) && !w.has_zeros && c != Codes::kTable;
+  return !w.has_zeros && ((g32_fits(w, a, 32) && c != Codes::kTable) ||
+                          (g32_fits(w, a, 16) && (c == Codes::kSigned || c == Codes::kTable) && !w.qword_panels));
 }
 // int8: groups of 16 or 32 (the passes per group, 1 or 2), else 0.
 inline int int8_g32_passes(const PackedExperts& w, const ActRows& a) {  // (declared in int_avx2.h)
@@ -143,7 +145,7 @@ struct TileMins {
   }
 };
 
-// kInt4: int4 codes C in groups of 32 (P = 2); else int8 in groups of 16 P. kF: g32_terms(w, C).
+// kInt4: int4 codes C in groups of 16 P (P = 1: kSigned only); else int8 in groups of 16 P. kF: g32_terms(w, C).
 template <bool kInt4, Codes C, int kBlk, int P, int kF>
 struct IntAvx2G32 {
   template <int MR, int NJ>
@@ -172,7 +174,7 @@ struct IntAvx2G32 {
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
         const uint8_t* ph = panel + h * 32;
         for (int64_t gi = 0; gi < G; ++gi) {
-          pf.steps(kInt4 ? 4 : gl / 4);
+          pf.steps(kInt4 ? gl / 8 : gl / 4);
           const uint8_t* pg = ph + gi * gbytes;
           const __m256 sv = forms.scales(a.blk_scales, 0, gi, h * 8, sc, sbase + gi * 16 + h * 8);
           // One row's group: the exact int32 sums to the fp32 sum, as IntAvx2's epilogue.

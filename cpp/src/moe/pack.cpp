@@ -21,12 +21,12 @@ void check_dims(int64_t E, int64_t N, int64_t K) {
     throw ValueError(msg("weight shape [E,N,K] = [", E, ",", N, ",", K, "] must have E, N, K >= 1"));
 }
 
-// The group length along K for int schemes: g > 0, multiple of 32, dividing K; or -1.
-void check_group(int64_t g, int64_t K, bool need_mult32) {
+// The group length along K for int schemes: g > 0, a multiple of `mult`, dividing K; or -1.
+void check_group(int64_t g, int64_t K, int64_t mult) {
   if (g == -1) return;
-  if (g <= 0 || (need_mult32 && g % 32 != 0))
-    throw ValueError(msg("group_size = ", g, need_mult32 ? " must be a positive multiple of 32 or -1 (per channel)"
-                                                         : " must be positive or -1 (per channel)"));
+  if (g <= 0 || g % mult != 0)
+    throw ValueError(msg("group_size = ", g, " must be ", mult > 1 ? msg("a positive multiple of ", mult) : "positive",
+                         " or -1 (per channel)"));
   if (K % g != 0)
     throw ValueError(msg("group_size = ", g, " does not divide the input features K = ", K,
                          " (K must be a multiple of the group size)"));
@@ -160,7 +160,7 @@ void set_mins(PackedExperts& p, const float* mins) {
 PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const float* scales,
                         int64_t group_size, const uint8_t* zeros, const int8_t* codebook, const float* mins, bool a16) {
   check_dims(E, N, K);
-  check_group(group_size, K, true);
+  check_group(group_size, K, a16 ? 32 : 16);  // W4A8: groups of 16 (GGUF's IQ2_XS, IQ2_S, IQ1_M, ik's IQ2_K, IQ3_K)
   if (zeros && codebook)
     throw ValueError("int4 weights take zero points or a codebook, not both");
   PackedExperts p = make(Scheme::kInt4W4A8, E, N, K, group_size);
@@ -197,7 +197,7 @@ PackedExperts pack_int4(const int8_t* q, int64_t E, int64_t N, int64_t K, const 
 PackedExperts pack_int8(const int8_t* q, int64_t E, int64_t N, int64_t K, const float* scales,
                         int64_t group_size, const float* mins, bool a16) {
   check_dims(E, N, K);
-  check_group(group_size, K, false);
+  check_group(group_size, K, 1);
   PackedExperts p = make(Scheme::kInt8W8A8, E, N, K, group_size);
   const int64_t G = p.num_groups();
   check_scales(scales, E * N * G, "scales");

@@ -5,17 +5,19 @@
 // index: one vpshufb per 64 codes); optional group offsets (mins) cost one FMA per group, or as
 // integer mins (K-quants) one vpdpwssd per two groups and one FMA per run of 8.
 // Scales: fp32 per (column, group), or as integer scales (K-quants, IQ4_XS) an int8 per (column, group)
-// times an fp32 per run of 8 groups; group a multiple of 32 (or per channel).
-// Needs: AVX512F, AVX512BW, AVX512VNNI. Limits: any M, any N (tail masked), K % group == 0.
+// times an fp32 per run of 8 groups.
+// Needs: AVX512F, AVX512BW, AVX512VNNI. Limits: any M, any N (tail masked), K % group == 0, groups a multiple of
+// 32 (or per channel): groups of 16 (GGUF IQ2_XS, IQ2_S, IQ1_M) take the AVX2 kernel until checked on an AVX-512 host.
 #define MOE_ISA avx512vnni  // kernels/isa.h: this file's ISA region
 #include "kernels/int_avx512vnni.h"
+#include "kernels/limits.h"
 #include "moe_cpu/cpu_features.h"
 
 namespace moe_cpu {
 
 extern const KernelDesc kernel_w4a8_avx512vnni{
     "w4a8_avx512vnni_6x32", Scheme::kInt4W4A8, "avx512vnni", 6, 32, kFeatAvx512 | kFeatAvx512Vnni,
-    nullptr, kernels::int4_vnni_gemm<6, 2, 1>, /*f32_acts=*/false, /*int_mins=*/true,
+    kernels::groups_aligned<32>, kernels::int4_vnni_gemm<6, 2, 1>, /*f32_acts=*/false, /*int_mins=*/true,
     /*int_scales=*/true, /*gathers_rows=*/nullptr, /*half_scales=*/true};
 
 }  // namespace moe_cpu

@@ -159,10 +159,11 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
     if (!c.int4 && c.lo8 > -128)
       EXPECT_EQ(p.split_bits, !kd->split_codes ? 0 : span < 4 ? 2 : span < 16 ? 4 : span < 32 && c.group == 32 ? 5 : 6)
           << "split codes";
-    if (c.int4)  // plain or |codebook| codes in groups of 32 along K: qword panels where the kernel takes them
-      EXPECT_EQ(p.qword_panels,
-                kd->qword_panels && (!p.code_shuffle || code_table_top(p) > 31) && !a16 && c.group == 32 && K % 32 == 0)
-          << "qword panels";
+    if (c.int4) {  // plain or |codebook| codes in groups of 32 along K, |codebook| ones in groups of 16: qword panels
+      const bool signed_cb = p.code_shuffle && code_table_top(p) > 31;  // where the kernel takes them
+      const bool q32 = c.group == 32 && K % 32 == 0 && (!p.code_shuffle || signed_cb), q16 = c.group == 16 && signed_cb;
+      EXPECT_EQ(p.qword_panels, kd->qword_panels && !a16 && (q32 || q16)) << "qword panels";
+    }
     if (p.qword_panels) {  // the codes read back through the reordered panels (unpack, files)
       std::vector<uint16_t> row(static_cast<size_t>(K));
       for (int64_t e = 0; e < E; e += E - 1)

@@ -457,16 +457,18 @@ template <IntDot D, Codes C, int MR, int NJ, int ND, int kBlk>
 void int4_avx2_code_form_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                               int64_t ldc) {
   if constexpr (D == IntDot::kMaddubs && kBlk <= 1 && (C == Codes::kPlain || C == Codes::kSigned))
-    if (w.qword_panels) {  // (derive_qword_panels: groups of 32 along K, so row tiles always fit IntAvx2G32's)
+    if (w.qword_panels) {  // (derive_qword_panels: groups of 32 (16: kSigned) along K, so row tiles fit IntAvx2G32's)
       constexpr bool kS = C == Codes::kSigned;
       if constexpr (!kS)
         if (int4_runs_fit(w, a)) return int4_qword_runs<kBlk>(w, e, b0, b1, a, c, ldc);
       if (a.rows == 1) return int4_qword_decode<kBlk, kS>(w, e, b0, b1, a, c);
+      if constexpr (kS)
+        if (w.group_len() == 16) return drive_g32<true, Codes::kQwordSigned, kBlk, 1>(w, e, b0, b1, a, c, ldc);
       return drive_g32<true, kS ? Codes::kQwordSigned : Codes::kQword, kBlk, 2>(w, e, b0, b1, a, c, ldc);
     }
   if constexpr (D == IntDot::kMaddubs && kBlk <= 1)
     if (int4_g32_fits(w, a, C)) {
-      if constexpr (C == Codes::kSigned || C == Codes::kTable)  // groups of 16: |codebook| tiles, one pass a group
+      if constexpr (C == Codes::kSigned || C == Codes::kTable)  // groups of 16 (small codes): |codebook| tiles
         if (w.group_len() == 16) return drive_g32<true, Codes::kSigned, kBlk, 1>(w, e, b0, b1, a, c, ldc);
       if constexpr (C != Codes::kTable) return drive_g32<true, C, kBlk, 2>(w, e, b0, b1, a, c, ldc);
     }

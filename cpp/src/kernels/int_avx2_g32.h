@@ -306,19 +306,27 @@ struct DecodeRow {
 // bits. kSigned multiplies |activation| by the codebook value with the activation's sign (kAbsY: one vpabsb per
 // step for every column instead of a |codebook| vpshufb per code vector; 2 * 127 * 127 < 2^15), or, for a codebook
 // holding -128 (whose negation wraps), |codebook| by the activation with the code's sign, as the row tiles do.
-template <int kBlk, bool kSigned, bool kAbsY>
+template <int kBlk, bool kSigned, bool kAbsY, int kT>
 void int4_qword_decode_block(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c);
-// Blocks [b0, b1) of one row, output block b at c + (b - b0) * 16; the codebook's form chosen once per call.
+// Blocks [b0, b1) of one row, output block b at c + (b - b0) * 16; the codebook's form chosen once per call (and
+// groups of 16, kSigned: 2 steps a group instead of 4).
 template <int kBlk, bool kSigned>
 void int4_qword_decode(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c) {
   const auto blocks = [&](auto abs_y) {
-    for (int64_t b = b0; b < b1; ++b) int4_qword_decode_block<kBlk, kSigned, decltype(abs_y)::value>(w, e, b, a, c + (b - b0) * 16);
+    if constexpr (kSigned)
+      if (w.group_len() == 16) {
+        for (int64_t b = b0; b < b1; ++b)
+          int4_qword_decode_block<kBlk, kSigned, decltype(abs_y)::value, 2>(w, e, b, a, c + (b - b0) * 16);
+        return;
+      }
+    for (int64_t b = b0; b < b1; ++b) int4_qword_decode_block<kBlk, kSigned, decltype(abs_y)::value, 4>(w, e, b, a, c + (b - b0) * 16);
   };
   if (kSigned && std::find(w.codebook, w.codebook + 16, int8_t(-128)) == w.codebook + 16) return blocks(std::true_type{});
   blocks(std::false_type{});
 }
-template <int kBlk, bool kSigned, bool kAbsY>
+template <int kBlk, bool kSigned, bool kAbsY, int kT>
 void int4_qword_decode_block(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
+  static_assert(kT == 4 || (kSigned && kT == 2), "groups of 32, or of 16 through a |codebook|");
   const int64_t G = a.G;
   const uint8_t* pn = w.panel(e, b);
   const DecodeRow<kBlk> r(w, e, b, a);
@@ -336,19 +344,19 @@ void int4_qword_decode_block(const PackedExperts& w, int64_t e, int64_t b, const
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   r.groups(G, [&](int64_t gi, const __m256* run_d, const __m256* run_dm) __attribute__((always_inline)) {
       side.at<1>(gi);
-      const uint8_t* pg = pn + gi * 256;
-      _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) _mm_prefetch((const char*)(pg + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
+      const uint8_t* pg = pn + gi * 64 * kT;
+      _Pragma("GCC unroll 4") for (int t = 0; t < kT; ++t) _mm_prefetch((const char*)(pg + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
       _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
         __m256i lo[4], hi[4];
-        _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+        _Pragma("GCC unroll 4") for (int t = 0; t < kT; ++t) {
           const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + t * 64 + h * 32));
           lo[t] = _mm256_and_si256(v, low4), hi[t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
         }
         __m256i exact;
         if constexpr (kSigned) {
           __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-          _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
-            const __m256i bt = bcast8(r.y + gi * 32 + t * 8);
+          _Pragma("GCC unroll 4") for (int t = 0; t < kT; ++t) {
+            const __m256i bt = bcast8(r.y + gi * 8 * kT + t * 8);
             [[maybe_unused]] const __m256i at = kAbsY ? _mm256_abs_epi8(bt) : bt;
             const auto d = [&](__m256i u) __attribute__((always_inline)) {
               if constexpr (kAbsY)

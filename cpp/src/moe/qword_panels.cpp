@@ -51,7 +51,10 @@ void derive_qword_panels(PackedExperts& p) {
   if (p.qword_panels || p.scheme != Scheme::kInt4W4A8 || p.a16 || p.has_zeros || p.qweight.size() == 0) return;
   if (p.code_shuffle && code_table_top(p) <= 31) return;  // a codebook taken as table bytes
   const int64_t K = p.in_features;
-  if (p.group_len() != 32 || K % 32 || p.padded_k() != K || p.num_groups() > kQwordMaxGroups) return;
+  // groups of 32; or of 16 through a |codebook| (IQ2_XS, IQ2_S, ik's IQ2_K / IQ3_K)
+  const int64_t gl = p.group_len();
+  if (!(gl == 32 || (gl == 16 && p.code_shuffle)) || K % gl || p.padded_k() != K || p.num_groups() > kQwordMaxGroups)
+    return;
   p.qweight = permuted(p, true), p.qword_panels = true;
 }
 

@@ -1,5 +1,5 @@
 // qword_panels.h — int4 panels for the AVX2 vpmaddubsw kernel's plain or signed-codebook codes in groups of 32 (GGUF
-// Q4_0, Q4_K, IQ4_NL, IQ4_XS;
+// Q4_0, Q4_K, IQ4_NL, IQ4_XS) or signed-codebook codes in groups of 16 (IQ2_XS, IQ2_S, ik's IQ2_K / IQ3_K;
 // PackedExperts::qword_panels, KernelDesc::qword_panels). The same bytes per step as the int4 panel layout
 // (common/layout.h: 64 bytes = 16 columns x 8 k), another order inside each 32-byte half (8 columns): byte
 // 32h + 16L + 8q + i holds code (column 8h + 4L + q, k 8t + i) in its low nibble and (column 8h + 4L + 2 + q,
@@ -30,7 +30,8 @@ inline int64_t qword_byte(int64_t c, int64_t i, bool* high) {
 }
 
 // Reorders p's int4 panels (kernel forms, set_kernel) when p is int4 A8 without zero points, its codes plain or through
-// a codebook the kernel takes as |codebook| (code_table bytes above 31), in groups of 32 along all of K (at most 512).
+// a codebook the kernel takes as |codebook| (code_table bytes above 31), in groups of 32 along all of K (at most 512),
+// or of 16 through such a codebook.
 void derive_qword_panels(PackedExperts& p);
 // The int4 panels in the standard layout, for files and for kernels without the form.
 AlignedBuffer standard_panels(const PackedExperts& p);

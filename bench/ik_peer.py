@@ -618,9 +618,9 @@ class Reference:
         self.gate = deq("blk.0.ffn_gate_inp.weight").reshape(E, H)
         self.top_k, self.sh = sh.top_k, sh
         self.shared = None
-        if sh.n_shared:
-            self.shared = (np.concatenate([deq("blk.0.ffn_gate_shexp.weight"), deq("blk.0.ffn_up_shexp.weight")]),
-                           deq("blk.0.ffn_down_shexp.weight"))
+        if sh.n_shared:   # float64 once (its 3 x 7168 x 2048 values are met on every reference call)
+            self.shared = (np.concatenate([deq("blk.0.ffn_gate_shexp.weight"), deq("blk.0.ffn_up_shexp.weight")]
+                                          ).astype(np.float64), deq("blk.0.ffn_down_shexp.weight").astype(np.float64))
             self.bias = deq("blk.0.exp_probs_b.bias").reshape(E)
 
     def routing(self, x: np.ndarray, grouped: bool = True):
@@ -650,14 +650,15 @@ class Reference:
             out += fused_experts_float64(x, self.w13[e0:e1], self.w2[e0:e1], w, ids, "silu", expert_map=emap)
         return out
 
-    def __call__(self, x: np.ndarray, grouped: bool = True) -> np.ndarray:
-        out = self.routed(x, grouped)
-        if self.shared is not None:
-            w13, w2 = (a.astype(np.float64) for a in self.shared)
-            gu = x.astype(np.float64) @ w13.T
-            g, u = gu[:, :w2.shape[1]], gu[:, w2.shape[1]:]
-            out += (g / (1 + np.exp(-g)) * u) @ w2.T
-        return out
+    def __call__(self, x: np.ndarray, grouped: bool = True) -> Tuple[np.ndarray, np.ndarray]:
+        """(routed experts' output, the block's output: routed plus the shared expert's)."""
+        routed = self.routed(x, grouped)
+        if self.shared is None:
+            return routed, routed
+        w13, w2 = self.shared
+        gu = x.astype(np.float64) @ w13.T
+        g, u = gu[:, :w2.shape[1]], gu[:, w2.shape[1]:]
+        return routed, routed + (g / (1 + np.exp(-g)) * u) @ w2.T
 
 
 def rel_l2(a: np.ndarray, ref: np.ndarray) -> float:
@@ -790,12 +791,12 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
         ik.free(ctxs[c][0]), ik.free(ctxs[c][1])
 
     # errors: one capture decode per (config, M) on a context with the eval callback
-    refs: List[Tuple[np.ndarray, bool, np.ndarray]] = []     # (x, grouped, float64 reference) cache
+    refs: List[Tuple[np.ndarray, bool, Tuple[np.ndarray, np.ndarray]]] = []   # (x, grouped, (routed, block)) cache
     t0 = time.perf_counter()
     reference = Reference(full, sh, ik.lib)
     res["ref_dequant_s"] = time.perf_counter() - t0
 
-    def ref_of(x, grouped):
+    def ref_of(x, grouped):   # (routed, block) float64 references
         for xx, gg, rr in refs:
             if gg == grouped and xx.shape == x.shape and np.array_equal(xx, x):
                 return rr
@@ -824,7 +825,7 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
             x, y = got[in_name], got[out_name]
             if x.shape != (M, sh.H) or y.shape != (M, sh.H):
                 raise RuntimeError(f"captured {in_name} {x.shape}, {out_name} {y.shape}; expected ({M}, {sh.H})")
-            ref = ref_of(x, ik_grouped)
+            ref = ref_of(x, ik_grouped)[1]
             full_t, twin_t = np.array(T[M][c.name()]["full"]), np.array(T[M][c.name()]["twin"])
             d["ik"][c.name()] = {"err": rel_l2(y, ref), "out_tensor": out_name,
                                  "ms": float(np.median(full_t - twin_t)) * 1e3,
@@ -832,10 +833,10 @@ def bench_type(typ: str, args, sh: Shape, ik: Ik, configs: List[IkConfig], qfile
                                  "ms_best": float(full_t.min() - twin_t.min()) * 1e3}
             if ci == 0:
                 time.sleep(args.pause)
-                d["mc_err"] = rel_l2(layer(x), ref_of(x, True))
+                routed_ref, block_ref = ref_of(x, True)
+                d["mc_err"] = rel_l2(layer(x), block_ref)
                 w, ids = reference.routing(x)
-                d["mc_exp_err"] = rel_l2(mc.fused_experts(x, layer.w13, layer.w2, w, ids, activation="silu"),
-                                         reference.routed(x) if sh.n_shared else ref)
+                d["mc_exp_err"] = rel_l2(mc.fused_experts(x, layer.w13, layer.w2, w, ids, activation="silu"), routed_ref)
         d["mc_ms"] = float(np.median(T[M]["mc"])) * 1e3
         d["mc_exp_ms"] = float(np.median(T[M]["mc_exp"])) * 1e3
         d["mc_ms_best"] = float(np.min(T[M]["mc"])) * 1e3

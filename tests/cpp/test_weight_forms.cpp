@@ -25,6 +25,11 @@ constexpr int8_t kIq2[16] = {-43, -25, -8, 8, 25, 43};  // IQ2_XXS's grid values
 constexpr int8_t kIq3xxs[16] = {-62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20, 28, 36, 44, 52, 62};
 constexpr int8_t kIq1[16] = {-9, -7, -1, 1, 7, 9};  // IQ1_S: 8 (grid + delta)
 constexpr int8_t kExtremes[16] = {-128, 127, -128, 127, -1, 1, 0, 0, -128, 127, 5, -5, 64, -64, 100, -100};
+constexpr int8_t kIq2k[16] = {-31, -13, 1, 17, -26, -8, 8, 24};  // ik's IQ2_K values (both halves)
+// |codebook| at the largest that 4 (kTop32) or 2 (kTop64) vpmaddubsw outputs add to in int16 (signed_pair_sum):
+// with activations at +-127 most lanes reach 8 * 32 * 127 = 4 * 64 * 127 = 32512
+constexpr int8_t kTop32[16] = {-32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32};
+constexpr int8_t kTop64[16] = {-64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64};
 
 struct FormCase {
   const char* label;
@@ -96,6 +101,10 @@ const FormCase kForms[] = {
     {"Iq2_G16_KScales_M13", true, kIq2, false, 13, 40, 384, 16, false, true},
     {"Iq1_G16_KScales_M6", true, kIq1, false, 6, 40, 256, 16, false, true},                         // IQ1_M
     {"Iq3xxs_G16_M20", true, kIq3xxs, false, 20, 40, 256, 16},                                      // ik's IQ3_K
+    {"Iq2k_G16_M11", true, kIq2k, false, 11, 40, 256, 16},                                          // ik's IQ2_K
+    {"Top32_G16_M5", true, kTop32, false, 5, 32, 256, 16},                                          // int16 sums at their top
+    {"Top64_G16_M6", true, kTop64, false, 6, 32, 256, 16},
+    {"Top64_G32_M7", true, kTop64, false, 7, 32, 256, 32},
     {"Signed_G16_Mins_M3", true, nullptr, true, 3, 24, 128, 16},
     {"Unsigned_G48_M2", true, kUnsigned, false, 2, 24, 96, 48},
 };
@@ -119,7 +128,7 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
       continue;
     }
     const int64_t gl = c.group > 0 ? c.group : K, G = K / gl;
-    const bool extremes = c.codebook == kExtremes || c.top;
+    const bool extremes = c.codebook == kExtremes || c.codebook == kTop32 || c.codebook == kTop64 || c.top;
     // codes: int4 indices (or signed q), int8 values; the weight value v(code)
     auto q = c.int4 ? (c.codebook ? test::ints(g, size_t(E * N * K), 0, 15) : test::ints(g, size_t(E * N * K), -8, 7))
                     : test::ints(g, size_t(E * N * K), c.lo8, c.hi8);

@@ -427,7 +427,7 @@ struct IntAvx2 {
 
 // Row tiles for short scale groups on the vpmaddubsw tier (int_avx2_g32.h, which a kernel file using
 // IntDot::kMaddubs includes), kG32Rows rows each.
-template <bool kInt4, Codes C, int kBlk, int P, int kF> struct IntAvx2G32;
+template <bool kInt4, Codes C, int kBlk, int P, int kF, int kSum = 1> struct IntAvx2G32;
 template <bool kInt4, Codes C, int kBlk, int P>
 void drive_g32(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc);
 template <template <int, int> class Micro, int R>

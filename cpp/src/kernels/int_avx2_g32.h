@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <type_traits>
@@ -48,6 +49,22 @@ inline bool int4_g32_fits(const PackedExperts& w, const ActRows& a, Codes c) {  
 // int8: groups of 16 or 32 (the passes per group, 1 or 2), else 0.
 inline int int8_g32_passes(const PackedExperts& w, const ActRows& a) {  // (declared in int_avx2.h)
   return g32_fits(w, a, 16) ? 1 : g32_fits(w, a, 32) ? 2 : 0;
+}
+
+// A row tile's MR x 16 sums (out) to rows r0.. of c, the block's valid columns: vector copies for whole blocks (a
+// memcpy call per row cost 1% of a prefill layer).
+template <int MR>
+__attribute__((always_inline)) inline void write_tile(const PackedExperts& w, int64_t b, int64_t r0, const float (*out)[16],
+                                                     float* c, int64_t ldc) {
+  const int valid = valid_cols(w, b);
+  if (valid == 16) {
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+      _mm256_storeu_ps(c + (r0 + r) * ldc, _mm256_load_ps(out[r]));
+      _mm256_storeu_ps(c + (r0 + r) * ldc + 8, _mm256_load_ps(out[r] + 8));
+    }
+    return;
+  }
+  for (int r = 0; r < MR; ++r) std::memcpy(c + (r0 + r) * ldc, out[r], size_t(valid) * 4);
 }
 
 // The 8 activation bytes at p in every 8-byte lane.
@@ -146,7 +163,8 @@ struct TileMins {
 };
 
 // kInt4: int4 codes C in groups of 16 P (P = 1: kSigned only); else int8 in groups of 16 P. kF: g32_terms(w, C).
-template <bool kInt4, Codes C, int kBlk, int P, int kF>
+// kSum (kSigned, kQwordSigned): vpmaddubsw outputs added in int16 before one vpmaddwd (signed_pair_sum).
+template <bool kInt4, Codes C, int kBlk, int P, int kF, int kSum>
 struct IntAvx2G32 {
   template <int MR, int NJ>
   struct Micro {
@@ -223,13 +241,23 @@ struct IntAvx2G32 {
                 }
               }
               _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-                const auto d = [&](int q, __m256i yq) __attribute__((always_inline)) {
-                  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw[q], _mm256_sign_epi8(yq, sw[q])), ones);
+                const auto m = [&](int q, __m256i yq) __attribute__((always_inline)) {
+                  return _mm256_maddubs_epi16(aw[q], _mm256_sign_epi8(yq, sw[q]));
+                };
+                const auto d = [&](int q, __m256i yq) __attribute__((always_inline)) { return _mm256_madd_epi16(m(q, yq), ones); };
+                const auto d2 = [&](int q0, __m256i y0, int q1, __m256i y1) __attribute__((always_inline)) {  // two, in int16 where kSum allows
+                  if constexpr (kSum >= 2) return _mm256_madd_epi16(_mm256_add_epi16(m(q0, y0), m(q1, y1)), ones);
+                  else return _mm256_add_epi32(d(q0, y0), d(q1, y1));
                 };
                 __m256i part;
                 if constexpr (C == Codes::kQwordSigned) {  // sw / aw: step t's columns {0, 1, 4, 5} at 2t, the others at 2t + 1
                   const __m256i b0 = bcast8(arow[r] + gi * gl + p * 16), b1 = bcast8(arow[r] + gi * gl + p * 16 + 8);
-                  const __m256i x0 = _mm256_add_epi32(d(0, b0), d(2, b1)), x1 = _mm256_add_epi32(d(1, b0), d(3, b1));
+                  if constexpr (kSum == 4 && P == 1) {  // both column halves' int16 sums in one vphaddw
+                    finish(r, _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_add_epi16(m(0, b0), m(2, b1)),
+                                                                  _mm256_add_epi16(m(1, b0), m(3, b1))), ones));
+                    continue;
+                  }
+                  const __m256i x0 = d2(0, b0, 2, b1), x1 = d2(1, b0, 3, b1);
                   // both passes' column halves add first, then one vphaddd a group
                   if (P == 1) finish(r, _mm256_hadd_epi32(x0, x1));
                   else if (p == 0) s[r] = x0, s2[r] = x1;
@@ -237,8 +265,11 @@ struct IntAvx2G32 {
                   continue;
                 } else {
                   const int8_t* y = arow[r] + gi * gl + p * 16;  // each step's 4 bytes: a broadcast load, no vpshufd
-                  part = _mm256_add_epi32(_mm256_add_epi32(d(0, bcast4(y)), d(1, bcast4(y + 4))),
-                                          _mm256_add_epi32(d(2, bcast4(y + 8)), d(3, bcast4(y + 12))));
+                  if constexpr (kSum == 4)
+                    part = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(m(0, bcast4(y)), m(1, bcast4(y + 4))),
+                                                              _mm256_add_epi16(m(2, bcast4(y + 8)), m(3, bcast4(y + 12)))), ones);
+                  else
+                    part = _mm256_add_epi32(d2(0, bcast4(y), 1, bcast4(y + 4)), d2(2, bcast4(y + 8), 3, bcast4(y + 12)));
                 }
                 if (P == 1) finish(r, part);
                 else if (p == 0) s[r] = part;
@@ -250,8 +281,7 @@ struct IntAvx2G32 {
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
           _mm256_store_ps(out[r] + h * 8, _mm256_mul_ps(acc[r], _mm256_set1_ps(a.scale[a.row_idx[r0 + r]])));
       }
-      const int valid = valid_cols(w, b);
-      for (int r = 0; r < MR; ++r) std::memcpy(c + (r0 + r) * ldc, out[r], size_t(valid) * 4);
+      write_tile<MR>(w, b, r0, out, c, ldc);
     }
   };
 };
@@ -390,14 +420,34 @@ void drive_even(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const
     }
 }
 
-// IntAvx2G32's row tiles for the weights' epilogue terms (a zero point only on plain int4 codes).
-template <bool kInt4, Codes C, int kBlk, int P>
-void drive_g32(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+// How many vpmaddubsw outputs of |codebook| x signed activations (each int16 lane two products, |activation| <=
+// 127) add exactly in int16 before vpmaddwd: 4 when every |codebook value| <= 32 (8 * 32 * 127 < 2^15; IQ2_K,
+// IQ1_M), 2 when <= 64 (IQ2_XS, IQ3_K, IQ3_XXS), else 1 (IQ4_NL). The exact int32 sums do not change.
+inline int signed_pair_sum(const PackedExperts& w) {
+  int top = 0;
+  for (int i = 0; i < 16; ++i) top = std::max(top, std::abs(int(w.codebook[i])));
+  return top <= 32 ? 4 : top <= 64 ? 2 : 1;
+}
+
+// IntAvx2G32's row tiles for the weights' epilogue terms (a zero point only on plain int4 codes); signed codes at
+// their int16 sums (kSum: signed_pair_sum, up to kMaxSum).
+template <bool kInt4, Codes C, int kBlk, int P, int kSum = 1>
+void drive_g32_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
   constexpr bool kPlain = kInt4 && (C == Codes::kPlain || C == Codes::kQword);
   with_g32_terms<kPlain ? kG32Zc | kG32Mins : kG32Mins>(g32_terms(kPlain ? w.code_zero : 0, w.has_mins),
                                                         [&](auto kf) __attribute__((always_inline)) {
-    drive_even<IntAvx2G32<kInt4, C, kBlk, P, decltype(kf)::value>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
+    drive_even<IntAvx2G32<kInt4, C, kBlk, P, decltype(kf)::value, kSum>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
   });
+}
+template <bool kInt4, Codes C, int kBlk, int P>
+void drive_g32(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  if constexpr (kInt4 && (C == Codes::kSigned || C == Codes::kQwordSigned)) {
+    constexpr int kMaxSum = P == 1 ? 4 : 2;  // passes of a group of 32 add in int32
+    const int sum = std::min(kMaxSum, signed_pair_sum(w));
+    if (sum == 4) return drive_g32_as<kInt4, C, kBlk, P, kMaxSum>(w, e, b0, b1, a, c, ldc);
+    if (sum == 2) return drive_g32_as<kInt4, C, kBlk, P, 2>(w, e, b0, b1, a, c, ldc);
+  }
+  drive_g32_as<kInt4, C, kBlk, P>(w, e, b0, b1, a, c, ldc);
 }
 
 // The int8 GEMM in IntAvx2G32's row tiles, P passes per group (int8_g32_passes).

@@ -43,8 +43,7 @@ struct RunRows {
   }
   // The block's valid columns of every row of out to c.
   static void write(const PackedExperts& w, int64_t b, int64_t r0, const float (*out)[16], float* c, int64_t ldc) {
-    const int valid = valid_cols(w, b);
-    for (int r = 0; r < MR; ++r) std::memcpy(c + (r0 + r) * ldc, out[r], size_t(valid) * 4);
+    write_tile<MR>(w, b, r0, out, c, ldc);
   }
   RunRows(const ActRows& a, int64_t r0, const IntForms& forms) {
     [[maybe_unused]] const int16_t* as[MR];

@@ -179,8 +179,7 @@ struct IntAvx2Split {
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
           _mm256_store_ps(out[r] + h * 8, _mm256_mul_ps(acc[r], _mm256_set1_ps(a.scale[a.row_idx[r0 + r]])));
       }
-      const int valid = valid_cols(w, b);
-      for (int r = 0; r < MR; ++r) std::memcpy(c + (r0 + r) * ldc, out[r], size_t(valid) * 4);
+      write_tile<MR>(w, b, r0, out, c, ldc);
     }
   };
 };

@@ -10,6 +10,10 @@ namespace moe_cpu {
 
 inline float silu(float g) { return g / (1.f + std::exp(-g)); }
 
+// out[i] = silu(g[i]) * u[i] for i < n, in loops that vectorize on every target (activations.cpp); every ISA level
+// gives the same bits.
+void silu_mul(const float* g, const float* u, int64_t n, float* out);
+
 // gpt-oss: gate clamped above at 7, up to [-7, 7]; (u + 1) * g * sigmoid(1.702 g).
 inline float swiglu_oai(float g, float u) {
   g = g > 7.f ? 7.f : g;
@@ -23,6 +27,7 @@ inline void gated_activation(Activation act, const float* g, const float* u, int
   constexpr float kSqrt1_2 = 0.70710678118654752f, kSqrt2OverPi = 0.79788456080286536f;
   switch (act) {
     case Activation::kSilu:
+      if (st == 1) return silu_mul(g, u, n, out);
       for (int64_t i = 0; i < n; ++i) out[i] = silu(g[i * st]) * u[i * st];
       break;
     case Activation::kGelu:

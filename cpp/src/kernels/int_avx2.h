@@ -520,13 +520,15 @@ inline void store_block_forms(const PackedExperts& w, int64_t e, int64_t b, int6
 
 // With integer scales or mins, row tiles take each column block's fp32 values from a scratch built once
 // per block (per row tile they would cost as much as a quarter of a group's k-steps); decode builds them
-// inline, and so do IntAvx2G32's tiles where a block has one or two (M = 128: ~8 rows an expert).
+// inline, and so do IntAvx2G32's tiles where a block has one or two (M = 128: ~8 rows an expert), or one on qword
+// panels.
 template <IntDot D, int MR, int NJ, int ND>
 void int4_avx2_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                     int64_t ldc) {
   static_assert(NJ == 1, "one column block per row tile");
   if (a.rows == 1 || !(w.iscale_groups || w.imin_groups) ||
       (D == IntDot::kMaddubs && ((!block_scratch_pays(a) && int4_g32_fits(w, a, int4_codes<D>(w))) ||
+                                 (w.qword_panels && a.rows <= kG32Rows) ||  // one row tile a block: inline
                                  (int4_codes<D>(w) == Codes::kPlain && int4_runs_fit(w, a)))))
     return int4_avx2_codes_gemm<D, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
   const int64_t G = a.G;

@@ -34,14 +34,14 @@ import tempfile
 from typing import Dict, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CODES = {"kPlain": 0, "kTable": 1, "kSigned": 2, "kQword": 3, "kQwordSigned": 4}  # kernels/int_avx2.h's Codes
+CODES = {"kPlain": 0, "kTable": 1, "kSigned": 2, "kQword": 3, "kQwordSigned": 4, "kQwordTable": 5}  # int_avx2.h's Codes
 TERMS = {"0": 0, "kG32Zc": 1, "kG32Mins": 2}  # int_avx2_g32.h's kF
-# type -> the IntAvx2G32<kInt4, C, kBlk, P, kF> row tile GGUF loads run (int_avx2_g32.h), 8 rows
+# type -> the IntAvx2G32<kInt4, C, kBlk, P, kF, kSum> row tile GGUF loads run (int_avx2_g32.h), 8 rows
 OURS = {
-    "Q4_0": ("true", "kQword", 1, 2, "kG32Zc"),
-    "Q8_0": ("false", "kPlain", 1, 2, "0"),
-    "Q4_K": ("true", "kQword", 1, 2, "kG32Mins"),
-    "IQ4_XS": ("true", "kQwordSigned", 1, 2, "0"),
+    "Q4_0": ("true", "kQword", 1, 2, "kG32Zc", 1),
+    "Q8_0": ("false", "kPlain", 1, 2, "0", 1),
+    "Q4_K": ("true", "kQword", 1, 2, "kG32Mins", 1),
+    "IQ4_XS": ("true", "kQwordSigned", 1, 2, "0", 1),
 }
 IK_SHA256 = "7fd4ead67548206a"  # first 16 hex digits of the wheel's libggml-0b5e5db1.so
 # type -> (loop start, share of ik's perf samples at M = 512); the loop ends at the backward jump to its start
@@ -149,9 +149,9 @@ def runs_loops(cxx: str) -> Dict[str, List[str]]:
 
 
 def ours_loops(cxx: str) -> Dict[str, List[str]]:
-    # c++filt writes IntAvx2G32<true, (moe_cpu::kernels::avx2::Codes)3, 1, 2, 1>
-    tiles = {typ: (f"IntAvx2G32<{t[0]}, Codes::{t[1]}, {t[2]}, {t[3]}, {t[4]}>",
-                   f"IntAvx2G32<{t[0]}, (moe_cpu::kernels::avx2::Codes){CODES[t[1]]}, {t[2]}, {t[3]}, {TERMS[t[4]]}>")
+    # c++filt writes IntAvx2G32<true, (moe_cpu::kernels::avx2::Codes)3, 1, 2, 1, 1>
+    tiles = {typ: (f"IntAvx2G32<{t[0]}, Codes::{t[1]}, {t[2]}, {t[3]}, {t[4]}, {t[5]}>",
+                   f"IntAvx2G32<{t[0]}, (moe_cpu::kernels::avx2::Codes){CODES[t[1]]}, {t[2]}, {t[3]}, {TERMS[t[4]]}, {t[5]}>")
              for typ, t in OURS.items()}
     return compiled_tiles(cxx, ["kernels/int_avx2.h", "kernels/int_avx2_g32.h"], tiles)
 

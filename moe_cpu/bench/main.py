@@ -15,6 +15,7 @@ Writes OUT/bench_moe.json and OUT/bench_moe.png (matplotlib, optional).
     moe-cpu bench --quick               # Qwen3 shape, M = 1, 16, 256
     moe-cpu bench --shapes qwen3-30b-a3b --experts 16 --m 1,4 --schemes int8_w8a8 --no-peers
     moe-cpu bench --kt-peer ...         # also kt-kernel (pip install kt-kernel==0.7.2 --no-deps)
+    moe-cpu bench --onednn-peer ...     # also oneDNN through torch: bf16 and dynamic int8 Linear per expert
     moe-cpu bench --amx-crossover ...   # AMX hosts: rows per expert from which the tiles win
     moe-cpu bench --decode [--schemes ...] [--rounds 5]   # decode hot and cold beside the read bandwidth (decode.py)
 """
@@ -34,6 +35,7 @@ from .._argtypes import at_least
 from .amx import amx_crossover
 from .decode import DECODE_ROWS, decode_hot_cold
 from .kt_peer import kt_peer
+from .onednn_peer import onednn_peer
 from .peaks import Peaks, peak_insn, tier
 from .peers import peers, torch_peer
 from .random_forms import FORMS, GGUF_ROWS, random_codes, scheme_of
@@ -205,7 +207,7 @@ def _m_list(s):
 def _decode_main(p, a, argv) -> int:
     """``moe-cpu bench --decode``: hot / cold decode of every form (decode.py)."""
     given = {x.split("=")[0] for x in argv}
-    if a.m or a.quick or a.gguf or a.kt_peer or a.amx_crossover or a.torch_peer_only:
+    if a.m or a.quick or a.gguf or a.kt_peer or a.amx_crossover or a.torch_peer_only or a.onednn_peer:
         p.error("--decode measures M = 1 alone: it takes --shapes, --schemes, --experts, --rounds and --out")
     if "--schemes" not in given:
         a.schemes = DECODE_ROWS
@@ -249,6 +251,10 @@ def main(argv=None) -> int:
                    help="also kt-kernel, KTransformers' CPU MoE kernels (an optional ~100 MB wheel: "
                         "pip install kt-kernel==0.7.2 --no-deps): Qwen3 shape, its int8 / int4 / bf16 schemes, "
                         "at --m (default 1,128,1024), with --experts")
+    p.add_argument("--onednn-peer", action="store_true",
+                   help="also oneDNN through torch (bench only: pip install torch==2.13.0): Qwen3 shape, bf16 F.linear "
+                        "and the dynamic int8 Linear (engines onednn, x86) per expert against moe_cpu's bf16 and "
+                        "int8_w8a8, same weights and routing, at --m (default 128,1024), with --experts")
     p.add_argument("--amx-crossover", action="store_true",
                    help="where AMX is active: the rows per expert from which the tiles beat their AVX-512 twins "
                         "(--schemes, --experts, default 16)")
@@ -277,6 +283,8 @@ def main(argv=None) -> int:
         torch_rows = [] if a.no_peers else torch_peer(np.random.default_rng(3), limits["threads"])
         kt_rows = (kt_peer(np.random.default_rng(4), limits["threads"], a.m or (1, 128, 1024), a.schemes,
                            a.experts or None) if a.kt_peer else [])
+        onednn_rows = (onednn_peer(np.random.default_rng(6), limits["threads"], a.m or (128, 1024), a.experts or None)
+                       if a.onednn_peer else [])
         amx_rows = (amx_crossover(np.random.default_rng(5), [s for s in a.schemes if s in moe_cpu.SCHEMES],
                                   experts=a.experts or 16) if a.amx_crossover else [])
     except ValueError as e:
@@ -284,7 +292,8 @@ def main(argv=None) -> int:
         return 2
     with open(os.path.join(a.out, "bench_moe.json"), "w") as f:
         json.dump({"limits": limits, "features": moe_cpu.cpu_features(), "rows": rows, "peers": peer_rows,
-                   "torch_peer": torch_rows, "kt_peer": kt_rows, "amx_crossover": amx_rows}, f, indent=1)
+                   "torch_peer": torch_rows, "kt_peer": kt_rows, "onednn_peer": onednn_rows,
+                   "amx_crossover": amx_rows}, f, indent=1)
     try:
         plot(rows, os.path.join(a.out, "bench_moe.png"))
     except ImportError:

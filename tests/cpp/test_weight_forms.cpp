@@ -26,8 +26,9 @@ constexpr int8_t kIq3xxs[16] = {-62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20
 constexpr int8_t kIq1[16] = {-9, -7, -1, 1, 7, 9};  // IQ1_S: 8 (grid + delta)
 constexpr int8_t kExtremes[16] = {-128, 127, -128, 127, -1, 1, 0, 0, -128, 127, 5, -5, 64, -64, 100, -100};
 constexpr int8_t kIq2k[16] = {-31, -13, 1, 17, -26, -8, 8, 24};  // ik's IQ2_K values (both halves)
-// |codebook| at the largest that 4 (kTop32) or 2 (kTop64) vpmaddubsw outputs add to in int16 (signed_pair_sum):
-// with activations at +-127 most lanes reach 8 * 32 * 127 = 4 * 64 * 127 = 32512
+// Codebooks at the int16 sums' top, activations at +-127: kTop32's code_table bytes (0, 64) in pairs of vpmaddubsw
+// outputs on qword panels (kQwordTable), kTop64's |values| in pairs of signed ones (kQwordSigned; signed_pair_sum):
+// most lanes reach 4 * 64 * 127 = 32512
 constexpr int8_t kTop32[16] = {-32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 32};
 constexpr int8_t kTop64[16] = {-64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64};
 
@@ -102,6 +103,7 @@ const FormCase kForms[] = {
     {"Iq1_G16_KScales_M6", true, kIq1, false, 6, 40, 256, 16, false, true},                         // IQ1_M
     {"Iq3xxs_G16_M20", true, kIq3xxs, false, 20, 40, 256, 16},                                      // ik's IQ3_K
     {"Iq2k_G16_M11", true, kIq2k, false, 11, 40, 256, 16},                                          // ik's IQ2_K
+    {"Iq2k_G32_M9", true, kIq2k, false, 9, 40, 256, 32},                                            // ik's IQ2_KS
     {"Top32_G16_M5", true, kTop32, false, 5, 32, 256, 16},                                          // int16 sums at their top
     {"Top64_G16_M6", true, kTop64, false, 6, 32, 256, 16},
     {"Top64_G32_M7", true, kTop64, false, 7, 32, 256, 32},

@@ -11,7 +11,7 @@ import pytest
 
 import moe_cpu
 from moe_cpu import cli
-from moe_cpu.bench import kt_peer, peaks, peers, random_forms
+from moe_cpu.bench import kt_peer, onednn_peer, peaks, peers, random_forms
 
 pytestmark = pytest.mark.slow   # subprocesses / torch / mpirun: native level only, not in `test.sh quick`
 
@@ -162,6 +162,31 @@ def test_torch_peer_says_how_to_get_torch_when_it_is_missing(monkeypatch, capsys
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
     assert peers.torch_peer(np.random.default_rng(0), 1) == []
     assert "pip install torch==2.13.0" in capsys.readouterr().out
+
+
+def test_onednn_peer_says_how_to_get_torch_when_it_is_missing(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    assert onednn_peer.onednn_peer(np.random.default_rng(0), 1, ms=(1,), experts=8) == []
+    assert "pip install torch==2.13.0" in capsys.readouterr().out
+
+
+def test_onednn_peer_times_both_engines_against_float64(capsys):
+    """torch (a test dependency, scripts/setup.sh): bf16 F.linear and the dynamic int8 Linear per expert, on moe_cpu's
+    weights and routing; both engines' errors against float64 near moe_cpu's (their activations per call, ours per
+    token). Without torch: [] and how to get it."""
+    rows = onednn_peer.onednn_peer(np.random.default_rng(0), moe_cpu.get_num_threads(), ms=(1, 5), experts=8, min_time=0.01)
+    if importlib.util.find_spec("torch") is None:
+        assert rows == [] and "pip install torch==2.13.0" in capsys.readouterr().out
+        return
+    import torch
+    want = {("bf16", "F.linear bf16")} | {("int8_w8a8", f"dynamic int8 Linear, {e}") for e in onednn_peer.ENGINES
+                                           if e in torch.backends.quantized.supported_engines}
+    assert {(r["scheme"], r["peer"]) for r in rows} == want and {r["M"] for r in rows} == {1, 5}
+    for r in rows:
+        assert r["moe_cpu_ms"] > 0 and r["peer_ms"] > 0, r
+        bound = 1e-2 if r["scheme"] == "bf16" else 5e-2  # a wrong expert, weight or scale is O(1)
+        assert 0 < r["rel_err_moe_cpu"] < bound and 0 < r["rel_err_peer"] < 2 * bound, r
+    assert "oneDNN peer through torch" in capsys.readouterr().out
 
 
 def check_kt_rows(rows, threads, schemes, ms):

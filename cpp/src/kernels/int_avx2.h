@@ -41,8 +41,9 @@ inline __m256 half8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(
 enum class IntDot { kMaddubs, kVnniVex, kVnniEvex, kMaddwd16 };
 // How int4 codes become multiplier bytes: as stored, through code_table, or as |codebook| with the
 // sign moved onto the activations (vpmaddubsw with code_table bytes > 31).
-// kQword / kQwordSigned: kPlain / kSigned codes in qword panels (moe/qword_panels.h)
-enum class Codes { kPlain, kTable, kSigned, kQword, kQwordSigned };
+// kQword / kQwordSigned: kPlain / kSigned codes in qword panels (moe/qword_panels.h); kQwordTable: kQwordSigned's
+// panels read through code_table (bytes <= 64) with the zero point's term, no sign moved (int_avx2_g32.h)
+enum class Codes { kPlain, kTable, kSigned, kQword, kQwordSigned, kQwordTable };
 
 // acc += dot4(u8, s8) per int32 lane, accumulator in place (as in int_avx512vnni.h).
 template <IntDot D>
@@ -433,6 +434,8 @@ void drive_g32(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const 
 template <template <int, int> class Micro, int R>
 void drive_even(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc);
 constexpr int kG32Rows = 8;
+// kQwordTable's largest code_table byte: two vpmaddubsw outputs add exactly in int16 (4 * 64 * 127 < 2^15).
+constexpr int kQwordTableTop = 64;
 // Whether a GEMM's row tiles read integer scales / mins from a per-block fp32 scratch: three tiles a block or more.
 // With one or two (M = 128: ~8 rows an expert) each tile widens them per group itself.
 inline bool block_scratch_pays(const ActRows& a) { return a.rows > 2 * kG32Rows; }
@@ -462,8 +465,13 @@ void int4_avx2_code_form_gemm(const PackedExperts& w, int64_t e, int64_t b0, int
       if constexpr (!kS)
         if (int4_runs_fit(w, a)) return int4_qword_runs<kBlk>(w, e, b0, b1, a, c, ldc);
       if (a.rows == 1) return int4_qword_decode<kBlk, kS>(w, e, b0, b1, a, c);
-      if constexpr (kS)
-        if (w.group_len() == 16) return drive_g32<true, Codes::kQwordSigned, kBlk, 1>(w, e, b0, b1, a, c, ldc);
+      if constexpr (kS) {
+        const bool table = code_table_top(w) <= kQwordTableTop;  // unsigned bytes: no sign to move
+        if (w.group_len() == 16)
+          return table ? drive_g32<true, Codes::kQwordTable, kBlk, 1>(w, e, b0, b1, a, c, ldc)
+                       : drive_g32<true, Codes::kQwordSigned, kBlk, 1>(w, e, b0, b1, a, c, ldc);
+        if (table) return drive_g32<true, Codes::kQwordTable, kBlk, 2>(w, e, b0, b1, a, c, ldc);
+      }
       return drive_g32<true, kS ? Codes::kQwordSigned : Codes::kQword, kBlk, 2>(w, e, b0, b1, a, c, ldc);
     }
   if constexpr (D == IntDot::kMaddubs && kBlk <= 1)

@@ -11,6 +11,8 @@
 //     for both nibble vectors (no vpshufd), 8 vpmaddubsw into two int16 sums, one vphaddw, one vpmaddwd;
 //   int4 kQwordSigned: kSigned's products on qword panels, each pass's column halves {0, 1, 4, 5} / {2, 3, 6, 7} summed
 //     over both passes, then one vphaddd a group;
+//   int4 kQwordTable (code_table bytes <= 64): kQwordSigned's loop on the unsigned code_table bytes, no vpsignb,
+//     minus code_zero * the group's code sum, as kPlain;
 // then, as IntAvx2 computes them (the same integers, the same fp32 operations in the same order; the zero point and
 // the mins are compile-time terms, kF):
 // converted, times the group's block scale (kBlk), fmadd with the group scale, minus min * the group's
@@ -163,7 +165,8 @@ struct TileMins {
 };
 
 // kInt4: int4 codes C in groups of 16 P (P = 1: kSigned only); else int8 in groups of 16 P. kF: g32_terms(w, C).
-// kSum (kSigned, kQwordSigned): vpmaddubsw outputs added in int16 before one vpmaddwd (signed_pair_sum).
+// kSum (kSigned, kQwordSigned, kQwordTable): vpmaddubsw outputs added in int16 before one vpmaddwd (signed_pair_sum;
+// kQwordTable: 2).
 template <bool kInt4, Codes C, int kBlk, int P, int kF, int kSum>
 struct IntAvx2G32 {
   template <int MR, int NJ>
@@ -224,13 +227,18 @@ struct IntAvx2G32 {
               finish(r, _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3)), ones));
             }
           } else {  // passes of 16 channels: w and |w| in 8 ymm (int4: two k-steps' codes; int8: four k-steps)
-            __m256i s[MR], s2[C == Codes::kQwordSigned ? MR : 1];
+            constexpr bool kQw = C == Codes::kQwordSigned || C == Codes::kQwordTable;
+            __m256i s[MR], s2[kQw ? MR : 1];
             _Pragma("GCC unroll 2") for (int p = 0; p < P; ++p) {
               __m256i sw[4], aw[4];
               if constexpr (kInt4) {
                 _Pragma("GCC unroll 2") for (int t = 0; t < 2; ++t) {
                   const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + (2 * p + t) * 64));
                   const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                  if constexpr (C == Codes::kQwordTable) {  // the unsigned bytes themselves
+                    aw[2 * t] = _mm256_shuffle_epi8(table, lo), aw[2 * t + 1] = _mm256_shuffle_epi8(table, hi);
+                    continue;
+                  }
                   sw[2 * t] = _mm256_shuffle_epi8(table, lo), aw[2 * t] = _mm256_shuffle_epi8(abs_table, lo);
                   sw[2 * t + 1] = _mm256_shuffle_epi8(table, hi), aw[2 * t + 1] = _mm256_shuffle_epi8(abs_table, hi);
                 }
@@ -242,7 +250,8 @@ struct IntAvx2G32 {
               }
               _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
                 const auto m = [&](int q, __m256i yq) __attribute__((always_inline)) {
-                  return _mm256_maddubs_epi16(aw[q], _mm256_sign_epi8(yq, sw[q]));
+                  if constexpr (C == Codes::kQwordTable) return _mm256_maddubs_epi16(aw[q], yq);
+                  else return _mm256_maddubs_epi16(aw[q], _mm256_sign_epi8(yq, sw[q]));
                 };
                 const auto d = [&](int q, __m256i yq) __attribute__((always_inline)) { return _mm256_madd_epi16(m(q, yq), ones); };
                 const auto d2 = [&](int q0, __m256i y0, int q1, __m256i y1) __attribute__((always_inline)) {  // two, in int16 where kSum allows
@@ -250,9 +259,9 @@ struct IntAvx2G32 {
                   else return _mm256_add_epi32(d(q0, y0), d(q1, y1));
                 };
                 __m256i part;
-                if constexpr (C == Codes::kQwordSigned) {  // sw / aw: step t's columns {0, 1, 4, 5} at 2t, the others at 2t + 1
+                if constexpr (kQw) {  // sw / aw: step t's columns {0, 1, 4, 5} at 2t, the others at 2t + 1
                   const __m256i b0 = bcast8(arow[r] + gi * gl + p * 16), b1 = bcast8(arow[r] + gi * gl + p * 16 + 8);
-                  if constexpr (kSum == 4 && P == 1) {  // both column halves' int16 sums in one vphaddw
+                  if constexpr (kSum == 4 && P == 1 && C == Codes::kQwordSigned) {  // both halves' int16 sums in one vphaddw
                     finish(r, _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_add_epi16(m(0, b0), m(2, b1)),
                                                                   _mm256_add_epi16(m(1, b0), m(3, b1))), ones));
                     continue;
@@ -433,7 +442,7 @@ inline int signed_pair_sum(const PackedExperts& w) {
 // their int16 sums (kSum: signed_pair_sum, up to kMaxSum).
 template <bool kInt4, Codes C, int kBlk, int P, int kSum = 1>
 void drive_g32_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  constexpr bool kPlain = kInt4 && (C == Codes::kPlain || C == Codes::kQword);
+  constexpr bool kPlain = kInt4 && (C == Codes::kPlain || C == Codes::kQword || C == Codes::kQwordTable);
   with_g32_terms<kPlain ? kG32Zc | kG32Mins : kG32Mins>(g32_terms(kPlain ? w.code_zero : 0, w.has_mins),
                                                         [&](auto kf) __attribute__((always_inline)) {
     drive_even<IntAvx2G32<kInt4, C, kBlk, P, decltype(kf)::value, kSum>::template Micro, kG32Rows>(w, e, b0, b1, a, c, ldc);
@@ -441,6 +450,7 @@ void drive_g32_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, con
 }
 template <bool kInt4, Codes C, int kBlk, int P>
 void drive_g32(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  if constexpr (kInt4 && C == Codes::kQwordTable) return drive_g32_as<kInt4, C, kBlk, P, 2>(w, e, b0, b1, a, c, ldc);
   if constexpr (kInt4 && (C == Codes::kSigned || C == Codes::kQwordSigned)) {
     constexpr int kMaxSum = P == 1 ? 4 : 2;  // passes of a group of 32 add in int32
     const int sum = std::min(kMaxSum, signed_pair_sum(w));

@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import api
 from ..reference import fused_experts_float64
+from .peers import import_torch
 from .random_forms import random_packed
 from .shapes import SHAPES
 from .timing import timed
@@ -30,12 +31,9 @@ def _rel(got, want) -> float:
 
 def onednn_peer(rng, threads, ms=(128, 1024), experts=None, min_time=0.4):
     """Rows of (scheme, M, peer): moe_cpu's and the peer's ms per call and errors; [] where torch is missing."""
-    try:
-        import torch
-    except ImportError:
-        print("\noneDNN peer: torch is not installed (pip install torch==2.13.0 takes the CPU wheel)")
+    torch = import_torch("oneDNN peer", threads)
+    if torch is None:
         return []
-    torch.set_num_threads(threads)
     H, I, _, k, E, _ = SHAPES["qwen3-30b-a3b"]
     E = experts or E
     F = torch.nn.functional

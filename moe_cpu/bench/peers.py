@@ -52,6 +52,17 @@ def peers(args, rng):
     return rows
 
 
+def import_torch(peer, threads):
+    """torch on `threads` threads, or None after a line saying how to get it (a bench-only dependency)."""
+    try:
+        import torch
+    except ImportError:
+        print(f"\n{peer}: torch is not installed (pip install torch==2.13.0 takes the CPU wheel)")
+        return None
+    torch.set_num_threads(threads)
+    return torch
+
+
 def torch_peer(rng, threads, ms=(1, 1024)):
     """Qwen3 shape, bf16 scheme against torch on the CPU: a vLLM-style loop over the experts (gather
     the expert's rows, linear, SiLU and mul, linear, router weight, index_add) on the same weights as
@@ -64,12 +75,9 @@ def torch_peer(rng, threads, ms=(1, 1024)):
     if held:
         os.environ.setdefault("ATEN_CPU_CAPABILITY", held[0])
         os.environ.setdefault("ONEDNN_MAX_CPU_ISA", held[1])
-    try:
-        import torch
-    except ImportError:
-        print("\ntorch peer: torch is not installed (pip install torch==2.13.0 takes the CPU wheel)")
+    torch = import_torch("torch peer", threads)
+    if torch is None:
         return []
-    torch.set_num_threads(threads)
     H, I, _, k, E, _ = SHAPES["qwen3-30b-a3b"]
     w13, w2 = random_packed(rng, "bf16", E, 2 * I, H), random_packed(rng, "bf16", E, H, I)
     t13, t2 = torch.from_numpy(w13.unpack()), torch.from_numpy(w2.unpack())

@@ -261,11 +261,6 @@ struct IntAvx2G32 {
                 __m256i part;
                 if constexpr (kQw) {  // sw / aw: step t's columns {0, 1, 4, 5} at 2t, the others at 2t + 1
                   const __m256i b0 = bcast8(arow[r] + gi * gl + p * 16), b1 = bcast8(arow[r] + gi * gl + p * 16 + 8);
-                  if constexpr (kSum == 4 && P == 1 && C == Codes::kQwordSigned) {  // both halves' int16 sums in one vphaddw
-                    finish(r, _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_add_epi16(m(0, b0), m(2, b1)),
-                                                                  _mm256_add_epi16(m(1, b0), m(3, b1))), ones));
-                    continue;
-                  }
                   const __m256i x0 = d2(0, b0, 2, b1), x1 = d2(1, b0, 3, b1);
                   // both passes' column halves add first, then one vphaddd a group
                   if (P == 1) finish(r, _mm256_hadd_epi32(x0, x1));
@@ -430,8 +425,8 @@ void drive_even(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const
 }
 
 // How many vpmaddubsw outputs of |codebook| x signed activations (each int16 lane two products, |activation| <=
-// 127) add exactly in int16 before vpmaddwd: 4 when every |codebook value| <= 32 (8 * 32 * 127 < 2^15; IQ2_K,
-// IQ1_M), 2 when <= 64 (IQ2_XS, IQ3_K, IQ3_XXS), else 1 (IQ4_NL). The exact int32 sums do not change.
+// 127) add exactly in int16 before vpmaddwd: 4 when every |codebook value| <= 32 (8 * 32 * 127 < 2^15; IQ1_M),
+// 2 when <= 64 (IQ2_XS, IQ3_K, IQ3_XXS), else 1 (IQ4_NL). The exact int32 sums do not change.
 inline int signed_pair_sum(const PackedExperts& w) {
   int top = 0;
   for (int i = 0; i < 16; ++i) top = std::max(top, std::abs(int(w.codebook[i])));
@@ -452,7 +447,8 @@ template <bool kInt4, Codes C, int kBlk, int P>
 void drive_g32(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
   if constexpr (kInt4 && C == Codes::kQwordTable) return drive_g32_as<kInt4, C, kBlk, P, 2>(w, e, b0, b1, a, c, ldc);
   if constexpr (kInt4 && (C == Codes::kSigned || C == Codes::kQwordSigned)) {
-    constexpr int kMaxSum = P == 1 ? 4 : 2;  // passes of a group of 32 add in int32
+    // passes of a group of 32 add in int32; qword panels with every |value| <= 32 read as kQwordTable
+    constexpr int kMaxSum = P == 1 && C == Codes::kSigned ? 4 : 2;
     const int sum = std::min(kMaxSum, signed_pair_sum(w));
     if (sum == 4) return drive_g32_as<kInt4, C, kBlk, P, kMaxSum>(w, e, b0, b1, a, c, ldc);
     if (sum == 2) return drive_g32_as<kInt4, C, kBlk, P, 2>(w, e, b0, b1, a, c, ldc);

@@ -9,6 +9,7 @@
 #include "kernel_test_util.h"
 #include "moe/act_buffer.h"
 #include "moe/int_forms.h"
+#include "moe/split_codes.h"
 #include "moe/qword_panels.h"
 #include "moe_cpu/errors.h"
 #include "moe_cpu/packed_experts.h"
@@ -226,9 +227,18 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
       for (size_t i = 0; i < got.size(); ++i)
         ASSERT_EQ(float_to_bits(got[i]), float_to_bits(ref[i])) << kd->name << " vs " << twin->name << " at " << i;
     }
-    // split codes widen integer mins to the float mins: the same bits (with integer scales too, the AVX2 runs
+    // AVX-512 (a kernel that takes integer mins anyway): split codes give the int8 panels' bits, in decode and in
+    // the row tiles that widen them
+    if (p.split_bits && kd->int_mins) {
+      join_split_codes(p);  // (the unpack check below reads the joined panels)
+      std::vector<float> ji(got.size(), NAN);
+      kd->gemm(p, e, 0, p.num_blocks(), acts.view(p, R), ji.data(), N);
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(float_to_bits(got[i]), float_to_bits(ji[i])) << kd->name << " split vs int8 panels at " << i;
+    }
+    // AVX2: split codes widen integer mins to the float mins: the same bits (with integer scales too, the AVX2 runs
     // subtract them as their run term instead: kernels/int_avx2_runs.h, within rounding, checked above)
-    if (p.split_bits && p.imin_groups && !p.iscale_groups) {
+    if (p.split_bits && p.imin_groups && !p.iscale_groups && !kd->int_mins) {
       p.mins = float_mins(p), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer(), p.imin_groups = 0;
       std::vector<float> fl(got.size(), NAN);
       kd->gemm(p, e, 0, p.num_blocks(), acts.view(p, R), fl.data(), N);

@@ -46,6 +46,10 @@ struct ActRows {
   // from the integer forms and shared by the block's row tiles (nullptr: none).
   const float* blk_scales = nullptr;
   const float* blk_mins = nullptr;
+  // Set by a kernel for its own row tiles: int8 panels of split codes' q bytes (PackedExperts::split_bits; zero point
+  // split_zero), block wpanel_b's first, Kp * 16 bytes each (nullptr: the weights' own panels).
+  const uint8_t* wpanels = nullptr;
+  int64_t wpanel_b = 0;
 };
 
 struct KernelDesc {

@@ -21,6 +21,7 @@
 #include "common/layout.h"
 #include "kernels/tile_driver.h"
 #include "kernels/isa.h"
+#include "moe/split_codes.h"
 
 MOE_ISA_BEGIN
 
@@ -198,19 +199,29 @@ inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi, __m512 d
 }
 inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi) { return int_scale16(f, j, gi, half16(f.dsc_at(j, gi))); }
 
+// Split codes' planes (int_avx512vnni_split.h): kBits-bit codes, a group's kS steps of 8 k.
+template <int kBits, int kS>
+struct SplitVnni;
+
 // kBlk: A8 activation blocks (ActRows::bscale), instances of their own so that the per-token code stays as it was:
 // 1 a block scale per group (blocks of the group length or longer), 2 pieces (blocks shorter than a group).
-template <bool kInt4, bool kShuffle = false, Offset kOff = Offset::kImplicit, bool kA16 = false, int kBlk = 0>
+// kSplit: int8 weights as split codes of kSplit bits in groups of kSS steps of 8 k (decode only: one row, one panel).
+template <bool kInt4, bool kShuffle = false, Offset kOff = Offset::kImplicit, bool kA16 = false, int kBlk = 0,
+          int kSplit = 0, int kSS = 0>
 struct IntVnni {
   template <int MR, int NJ>
   struct Micro {
     static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
                     int64_t ldc) {
-      constexpr int64_t step = kInt4 ? 8 : 4;
+      static_assert(!kSplit || (MR == 1 && NJ == 1 && !kInt4 && !kA16), "split codes: int8 decode");
+      constexpr int64_t step = kInt4 || kSplit ? 8 : 4;
       constexpr bool kShare = MR > 1 && NJ >= 2;  // see dpbusd_row
       const int64_t G = a.G, gl = w.group_len(), Kp = a.Kp;  // a.G: w.num_groups() without a division
-      const uint8_t* panel[NJ];
-      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
+      const uint8_t* panel[NJ];  // int8 panels widened from split codes (ActRows::wpanels), or the weights' own
+      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j)
+        panel[j] = a.wpanels ? a.wpanels + (b + j - a.wpanel_b) * Kp * 16 : w.panel(e, b + j);
+      [[maybe_unused]] const uint8_t* high = nullptr;  // split codes' high bits (PackedExperts::qhigh)
+      if constexpr (kSplit != 0) high = w.qhigh.data() + (e * w.num_blocks() + b) * split_high_bytes(Kp, kSplit);
       const int8_t* arow[MR];
       const int16_t* arow16[MR];  // A16
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
@@ -236,7 +247,7 @@ struct IntVnni {
       // Per-call constants in locals (not reloaded from w and a after every store).
       const float* mins = kOff == Offset::kMins ? w.mins.as<float>() : nullptr;
       const uint8_t* zeros = kOff == Offset::kZeros ? w.zeros.data() : nullptr;
-      const int zc = kInt4 ? w.code_zero : layout::implicit_zero(w.scheme);
+      const int zc = kInt4 ? w.code_zero : kSplit || a.wpanels ? w.split_zero : layout::implicit_zero(w.scheme);
       const int32_t* asr[MR];  // each row's group (A16: piece) code sums
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) asr[r] = a.asum + a.row_idx[r0 + r] * G * NP;
       __m512 accf[MR][NJ];
@@ -292,7 +303,13 @@ struct IntVnni {
             else _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) dpbusd_row<kShare>(acc[r], wv, arow[r] + t * 4);
           }
         };
-        group_steps<!kInt4, (MR > 1)>(pf, s0, s1, step_at);
+        if constexpr (kSplit != 0) {
+          __m512i acc_hi = _mm512_setzero_si512();  // a second chain: the steps' high halves
+          SplitVnni<kSplit, kSS>::group(panel[0], high, arow[0], s0, acc[0][0], acc_hi);
+          acc[0][0] = _mm512_add_epi32(acc[0][0], acc_hi);
+        } else {
+          group_steps<!kInt4, (MR > 1)>(pf, s0, s1, step_at);
+        }
         if constexpr (kTwo)
           _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[0][j] = _mm512_add_epi32(acc[0][j], acc2[0][j]);
         _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {

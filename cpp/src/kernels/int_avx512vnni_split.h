@@ -1,0 +1,165 @@
+// int_avx512vnni_split.h — w8a8_avx512vnni on split 2- / 4- / 5- / 6-bit codes (PackedExperts::split_bits, layout in
+// moe/split_codes.h; GGUF Q2_K, Q3_K and Q6_K in groups of 16, Q5_K in groups of 32), so that decode reads the file's
+// bits. Decode (one row) streams a panel's low bits and high bits a group at a time: per 8-k step one 64-byte vector
+// of low bits gives two steps of 4 k (shift + AND), the high bits ORed in at [4, 4 + xb) by one vpternlogd each, so
+// q = w + split_zero in [0, 64) meets the row's activation bytes in vpdpbusd; the group's int32 sum, minus
+// split_zero times its code sum, is the int8 panels' exact sum, finished by IntVnni's own epilogue (the same bits).
+// Row tiles (two rows or more) widen each column group's panels once per call into int8 panels of the bytes q
+// (ActRows::wpanels; zero point split_zero) in a per-thread scratch, which the int8 row tiles then read from L2.
+// Needs: AVX512F, AVX512BW, AVX512VNNI.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/int_avx512vnni.h"
+#include "kernels/isa.h"
+#include "moe/split_codes.h"
+
+MOE_ISA_BEGIN
+
+// f(std::integral_constant<int, I>) for I = 0 .. N - 1.
+template <int N, int I = 0, class F>
+inline __attribute__((always_inline)) void unroll_n(const F& f) {
+  if constexpr (I < N) {
+    f(std::integral_constant<int, I>{});
+    unroll_n<N, I + 1>(f);
+  }
+}
+
+template <int kBits, int kS>
+struct SplitVnni {
+  static constexpr int kLb = kBits == 2 ? 2 : 4, kXb = kBits - kLb;
+  static constexpr int kLowSpv = 4 / kLb, kSpv = kXb ? 4 / kXb : 1;  // steps per 64-byte vector of each plane
+  static_assert(kS % kLowSpv == 0 && kS % kSpv == 0, "whole vectors per group");
+
+  // Field kJ (xb bits at [xb kJ, xb kJ + xb)) of each byte of hv at [4, 4 + xb), other bits anything but those
+  // (16-bit shifts: what crosses a byte lands below bit 4 or above bit 4 + xb).
+  template <int kJ>
+  static __attribute__((always_inline)) __m512i high_at4(__m512i hv) {
+    constexpr int s = 4 - kXb * kJ;
+    if constexpr (s > 0) return _mm512_slli_epi16(hv, s);
+    else if constexpr (s < 0) return _mm512_srli_epi16(hv, -s);
+    else return hv;
+  }
+  // q of step t (kQ = t's place in its group): lo (k0 .. k0 + 3) and hi (k0 + 4 .. k0 + 7) of 16 columns.
+  template <int kQ>
+  static __attribute__((always_inline)) void codes(const uint8_t* low, const uint8_t* high, int64_t t, __m512i& lo,
+                                                   __m512i& hi) {
+    const __m512i lmask = _mm512_set1_epi8(char((1 << kLb) - 1)), hmask = _mm512_set1_epi8(char(((1 << kXb) - 1) << kLb));
+    const __m512i v = _mm512_load_si512(low + (t / kLowSpv) * 64);
+    constexpr int jl = kLb == 4 ? 0 : 4 * (kQ % 2);  // the 2-bit plane: fields 2 (t % 2) and 2 (t % 2) + 1
+    lo = _mm512_and_si512(jl ? _mm512_srli_epi16(v, jl) : v, lmask);
+    hi = _mm512_and_si512(_mm512_srli_epi16(v, jl + kLb), lmask);
+    if constexpr (kXb != 0) {
+      constexpr int jh = 2 * (kQ % kSpv);
+      const __m512i hv = _mm512_load_si512(high + (t / kSpv) * 64);
+      lo = _mm512_ternarylogic_epi32(lo, high_at4<jh>(hv), hmask, 0xf8);  // lo | (h & hmask)
+      hi = _mm512_ternarylogic_epi32(hi, high_at4<jh + 1>(hv), hmask, 0xf8);
+    }
+  }
+  // Decode: one group's kS steps from step s0 of a panel's planes against the row's codes y, into two int32 chains;
+  // each plane prefetched kDecodePrefetchBytes of codes ahead.
+  static __attribute__((always_inline)) void group(const uint8_t* low, const uint8_t* high, const int8_t* y, int64_t s0,
+                                                   __m512i& acc_lo, __m512i& acc_hi) {
+    unroll_n<kS>([&](auto qc) __attribute__((always_inline)) {
+      constexpr int q = decltype(qc)::value;
+      const int64_t t = s0 + q;
+      if constexpr (q % kLowSpv == 0) _mm_prefetch((const char*)(low + (t / kLowSpv) * 64 + kDecodePrefetchBytes * kLb / 4), _MM_HINT_T1);
+      if constexpr (kXb != 0 && q % kSpv == 0)
+        _mm_prefetch((const char*)(high + (t / kSpv) * 64 + kDecodePrefetchBytes * kXb / 4), _MM_HINT_T1);
+      __m512i lo, hi;
+      codes<q>(low, high, t, lo, hi);
+      dpbusd_bcast(acc_lo, lo, y + t * 8);
+      dpbusd_bcast(acc_hi, hi, y + t * 8 + 4);
+    });
+  }
+  // The codes q as bytes in the int8 panel layout (steps 2t and 2t + 1) of one panel's `steps` 8-k steps, each plane
+  // prefetched kDecodePrefetchBytes of codes ahead (into the next panel's, which the next call widens).
+  static void widen(const uint8_t* low, const uint8_t* high, int64_t steps, uint8_t* out) {
+    for (int64_t s0 = 0; s0 < steps; s0 += kS)
+      unroll_n<kS>([&](auto qc) __attribute__((always_inline)) {
+        constexpr int q = decltype(qc)::value;
+        const int64_t t = s0 + q;
+        if constexpr (q % kLowSpv == 0) _mm_prefetch((const char*)(low + (t / kLowSpv) * 64 + kDecodePrefetchBytes * kLb / 4), _MM_HINT_T1);
+        if constexpr (kXb != 0 && q % kSpv == 0)
+          _mm_prefetch((const char*)(high + (t / kSpv) * 64 + kDecodePrefetchBytes * kXb / 4), _MM_HINT_T1);
+        __m512i lo, hi;
+        codes<q>(low, high, t, lo, hi);
+        _mm512_store_si512(out + 2 * t * 64, lo);
+        _mm512_store_si512(out + (2 * t + 1) * 64, hi);
+      });
+  }
+};
+
+// Decode: one panel at a time (ND = 1), with the weights' offset form fixed at compile time.
+template <int kBits, int kS, int kBlk>
+void split_vnni_decode(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  const auto each = [&](auto micro) {
+    for (int64_t b = b0; b < b1; ++b) decltype(micro)::run(w, e, b, a, 0, c + (b - b0) * 16, ldc);
+  };
+  if (w.has_mins && w.imin_groups)
+    each(typename IntVnni<false, false, Offset::kIntMins, false, kBlk, kBits, kS>::template Micro<1, 1>{});
+  else if (w.has_mins) each(typename IntVnni<false, false, Offset::kMins, false, kBlk, kBits, kS>::template Micro<1, 1>{});
+  else each(typename IntVnni<false, false, Offset::kImplicit, false, kBlk, kBits, kS>::template Micro<1, 1>{});
+}
+
+template <int kBits, int kS>
+void split_vnni_widen(const PackedExperts& w, int64_t e, int64_t b, int64_t Kp, uint8_t* out) {
+  const uint8_t* high = w.qhigh.data() + (e * w.num_blocks() + b) * split_high_bytes(Kp, kBits);
+  SplitVnni<kBits, kS>::widen(w.panel(e, b), high, Kp / 8, out);
+}
+
+// Row tiles: per group of NJ column blocks, their panels widened into int8 panels (and, with integer scales, their
+// fp32 scales built: with_block_scales) once for all the expert's rows.
+template <int kBits, int kS, int MR, int NJ, int ND>
+void split_vnni_tiles(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  const int64_t G = a.G, Kp = a.Kp, pb = Kp * 16;
+  thread_local std::vector<uint8_t> buf;
+  const size_t scale_bytes = w.iscale_groups ? size_t(NJ * G * 16) * sizeof(float) : 0;
+  buf.resize(size_t(NJ * pb) + scale_bytes + 128);
+  uint8_t* pan = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+  float* blk = w.iscale_groups ? reinterpret_cast<float*>(pan + NJ * pb) : nullptr;
+  ActRows ab = a;
+  ab.wpanels = pan, ab.blk_scales = blk;
+  for (int64_t b = b0; b < b1; b += NJ) {
+    const int64_t nj = std::min<int64_t>(NJ, b1 - b);
+    for (int64_t j = 0; j < nj; ++j) split_vnni_widen<kBits, kS>(w, e, b + j, Kp, pan + j * pb);
+    if (blk) {
+      const IntFormBlock forms(w, e, b, G);
+      for (int64_t j = 0; j < nj; ++j)
+        for (int64_t gi = 0; gi < G; ++gi) _mm512_store_ps(blk + (j * G + gi) * 16, int_scale16(forms, j, gi));
+    }
+    ab.wpanel_b = b;
+    int_vnni_gemm_offset<false, false, MR, NJ, ND>(w, e, b, b + nj, ab, c + (b - b0) * 16, ldc);
+  }
+}
+
+template <int kBits, int kS, int MR, int NJ, int ND>
+void split_vnni_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  if (a.rows > 1 || (a.bscale && a.NP > 1)) return split_vnni_tiles<kBits, kS, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  if (a.bscale) split_vnni_decode<kBits, kS, 1>(w, e, b0, b1, a, c, ldc);
+  else split_vnni_decode<kBits, kS, 0>(w, e, b0, b1, a, c, ldc);
+}
+template <int kBits, int MR, int NJ, int ND>
+void split_vnni_gemm_bits(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  if (kBits == 5 || w.group_len() == 32) return split_vnni_gemm_as<kBits, 4, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+  if constexpr (kBits != 5) split_vnni_gemm_as<kBits, 2, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+}
+
+// w8a8_avx512vnni's GEMM: split codes here (groups of 16 or 32: the int8 tile's half width), int8 panels in
+// int_avx512vnni.h.
+template <int MR, int NJ, int ND>
+void int8_vnni_codes_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  switch (w.split_bits) {
+    case 0: return int8_vnni_gemm<MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
+    case 2: return split_vnni_gemm_bits<2, MR, NJ / 2, ND>(w, e, b0, b1, a, c, ldc);
+    case 4: return split_vnni_gemm_bits<4, MR, NJ / 2, ND>(w, e, b0, b1, a, c, ldc);
+    case 5: return split_vnni_gemm_bits<5, MR, NJ / 2, ND>(w, e, b0, b1, a, c, ldc);
+    default: return split_vnni_gemm_bits<6, MR, NJ / 2, ND>(w, e, b0, b1, a, c, ldc);
+  }
+}
+
+MOE_ISA_END

@@ -199,6 +199,11 @@ inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi, __m512 d
 }
 inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi) { return int_scale16(f, j, gi, half16(f.dsc_at(j, gi))); }
 
+// How far ahead decode prefetches each panel into L1 (besides kDecodePrefetchBytes into L2): paired on Zen 4, int8 at
+// 2 KiB 0.936 of 1 KiB's time, int4 at 512 B 0.89-0.91 of 256 B's (docs/performance.md, "Decisions").
+template <bool kInt4>
+constexpr int64_t kDecodeL1Bytes = kInt4 ? 512 : 2048;
+
 // Split codes' planes (int_avx512vnni_split.h): kBits-bit codes, a group's kS steps of 8 k.
 template <int kBits, int kS>
 struct SplitVnni;
@@ -280,8 +285,13 @@ struct IntVnni {
           _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = start;
         }
         const auto step_at = [&](int64_t t) __attribute__((always_inline)) {
-          if constexpr (MR == 1)  // decode streams weights from DRAM; larger tiles reuse them from L2
-            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) _mm_prefetch((const char*)(panel[j] + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
+          // decode streams weights from DRAM (larger tiles reuse them from L2): far ahead into L2, and nearer into L1
+          // (kDecodeL1Bytes; Zen 4: one stream a core then reads 25 GB/s instead of 20)
+          if constexpr (MR == 1)
+            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+              _mm_prefetch((const char*)(panel[j] + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
+              _mm_prefetch((const char*)(panel[j] + t * 64 + kDecodeL1Bytes<kInt4>), _MM_HINT_T0);
+            }
           if constexpr (kInt4) {
             __m512i lo[NJ], hi[NJ];
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {

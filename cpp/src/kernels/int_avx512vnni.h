@@ -199,11 +199,6 @@ inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi, __m512 d
 }
 inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi) { return int_scale16(f, j, gi, half16(f.dsc_at(j, gi))); }
 
-// How far ahead decode prefetches each panel into L1 (besides kDecodePrefetchBytes into L2): paired on Zen 4, int8 at
-// 2 KiB 0.936 of 1 KiB's time, int4 at 512 B 0.89-0.91 of 256 B's (docs/performance.md, "Decisions").
-template <bool kInt4>
-constexpr int64_t kDecodeL1Bytes = kInt4 ? 512 : 2048;
-
 // Split codes' planes (int_avx512vnni_split.h): kBits-bit codes, a group's kS steps of 8 k.
 template <int kBits, int kS>
 struct SplitVnni;

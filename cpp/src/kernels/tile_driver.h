@@ -144,6 +144,10 @@ struct IntFormBlock {
 // How far ahead an int kernel's decode tile prefetches its (sequential) panel stream, into L2 (2, 4, 8, 16 KiB
 // tried on a Zen 5, paired A/B: 4 KiB best; docs/performance.md, "Decisions").
 constexpr int64_t kDecodePrefetchBytes = 4096;
+// And how far ahead it prefetches into L1 besides: paired on Zen 4, int8 at 2 KiB 0.936 of 1 KiB's time, int4 at 512 B
+// 0.89-0.91 of 256 B's (docs/performance.md, "Decisions").
+template <bool kInt4>
+constexpr int64_t kDecodeL1Bytes = kInt4 ? 512 : 2048;
 
 // Decode's prefetch of each panel's scale-group side data (fp32 or integer-form scales, fp32 or integer mins, zero
 // points), kSideAhead groups ahead of use (past the panel's last group: the next panel's, which decode reads next).

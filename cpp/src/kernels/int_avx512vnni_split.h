@@ -60,10 +60,10 @@ struct SplitVnni {
       hi = _mm512_ternarylogic_epi32(hi, high_at4<jh + 1>(hv), hmask, 0xf8);
     }
   }
-  // Decode: one group's kS steps from step s0 of a panel's planes against the row's codes y, into two int32 chains;
-  // each plane prefetched kDecodePrefetchBytes of codes ahead.
-  static __attribute__((always_inline)) void group(const uint8_t* low, const uint8_t* high, const int8_t* y, int64_t s0,
-                                                   __m512i& acc_lo, __m512i& acc_hi) {
+  // f(t, lo, hi) for the codes of one group's kS steps from step s0, each plane prefetched kDecodePrefetchBytes of
+  // codes ahead.
+  template <class F>
+  static __attribute__((always_inline)) void group_codes(const uint8_t* low, const uint8_t* high, int64_t s0, const F& f) {
     unroll_n<kS>([&](auto qc) __attribute__((always_inline)) {
       constexpr int q = decltype(qc)::value;
       const int64_t t = s0 + q;
@@ -72,22 +72,22 @@ struct SplitVnni {
         _mm_prefetch((const char*)(high + (t / kSpv) * 64 + kDecodePrefetchBytes * kXb / 4), _MM_HINT_T1);
       __m512i lo, hi;
       codes<q>(low, high, t, lo, hi);
+      f(t, lo, hi);
+    });
+  }
+  // Decode: one group against the row's codes y, into two int32 chains.
+  static __attribute__((always_inline)) void group(const uint8_t* low, const uint8_t* high, const int8_t* y, int64_t s0,
+                                                   __m512i& acc_lo, __m512i& acc_hi) {
+    group_codes(low, high, s0, [&](int64_t t, __m512i lo, __m512i hi) __attribute__((always_inline)) {
       dpbusd_bcast(acc_lo, lo, y + t * 8);
       dpbusd_bcast(acc_hi, hi, y + t * 8 + 4);
     });
   }
-  // The codes q as bytes in the int8 panel layout (steps 2t and 2t + 1) of one panel's `steps` 8-k steps, each plane
-  // prefetched kDecodePrefetchBytes of codes ahead (into the next panel's, which the next call widens).
+  // The codes q as bytes in the int8 panel layout (steps 2t and 2t + 1) of one panel's `steps` 8-k steps (the
+  // prefetch runs into the next panel's, which the next call widens).
   static void widen(const uint8_t* low, const uint8_t* high, int64_t steps, uint8_t* out) {
     for (int64_t s0 = 0; s0 < steps; s0 += kS)
-      unroll_n<kS>([&](auto qc) __attribute__((always_inline)) {
-        constexpr int q = decltype(qc)::value;
-        const int64_t t = s0 + q;
-        if constexpr (q % kLowSpv == 0) _mm_prefetch((const char*)(low + (t / kLowSpv) * 64 + kDecodePrefetchBytes * kLb / 4), _MM_HINT_T1);
-        if constexpr (kXb != 0 && q % kSpv == 0)
-          _mm_prefetch((const char*)(high + (t / kSpv) * 64 + kDecodePrefetchBytes * kXb / 4), _MM_HINT_T1);
-        __m512i lo, hi;
-        codes<q>(low, high, t, lo, hi);
+      group_codes(low, high, s0, [&](int64_t t, __m512i lo, __m512i hi) __attribute__((always_inline)) {
         _mm512_store_si512(out + 2 * t * 64, lo);
         _mm512_store_si512(out + (2 * t + 1) * 64, hi);
       });

@@ -6,8 +6,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/numeric.h"
 #include "dispatch/registry.h"
@@ -535,6 +538,40 @@ TEST(FusedExperts, DispatchedPathMatchesReferenceWithActivationBlocks) {
 
 namespace moe_cpu {
 namespace {
+
+// silu_mul on every ISA word this CPU has gives the portable word's bits (kernels/silu_mul.h), and those are
+// within 3e-7 (relative) of the double formula for |g| <= 80 (beyond, e^-g is clamped: docs/numerics.md); NaN stays NaN.
+TEST(Activations, SiluMulSameBitsOnEveryWord) {
+  std::mt19937 rng(test::rng_for_test());
+  std::normal_distribution<float> nd(0.f, 12.f);
+  std::vector<float> g = {0.f, -0.f, 1e-30f, -1e-30f, 1e-40f, 88.7f, 88.71f, -88.7f, -88.71f, 87.3f, -87.3f, -87.31f,
+                          100.f, -100.f, 1e30f, -1e30f, INFINITY, -INFINITY, NAN, 0.5f, -0.5f, 20.f, -20.f};
+  while (g.size() < 4099) g.push_back(nd(rng));
+  std::vector<float> u(g.size()), want(g.size()), got(g.size());
+  for (float& x : u) x = nd(rng);
+  u[0] = 1.f;
+  const int64_t n = int64_t(g.size());
+  kernels::portable::silu_mul(g.data(), u.data(), n, want.data());
+  for (int64_t i = 0; i < n; ++i) {
+    const double s = double(g[i]) / (1 + std::exp(-double(g[i]))) * double(u[i]);
+    if (std::isnan(g[i])) EXPECT_TRUE(std::isnan(want[i]));
+    else if (std::abs(g[i]) <= 80.f) EXPECT_NEAR(want[i], s, 3e-7 * std::abs(s) + 1e-37) << "g " << g[i] << " u " << u[i];
+  }
+#if defined(__x86_64__)
+  using Fn = void (*)(const float*, const float*, int64_t, float*);
+  const std::pair<uint64_t, Fn> words[] = {{kFeatAvx2, kernels::avx2::silu_mul}, {kFeatAvx512, kernels::avx512::silu_mul}};
+  for (const auto& [feat, fn] : words) {
+    if (!(detected_features() & feat)) continue;
+    for (const int64_t len : {n, int64_t(1), int64_t(15), int64_t(17), int64_t(33)}) {  // vector bodies and tails
+      std::fill(got.begin(), got.end(), 7.f);
+      fn(g.data(), u.data(), len, got.data());
+      for (int64_t i = 0; i < len; ++i)
+        ASSERT_EQ(float_to_bits(got[i]), float_to_bits(want[i])) << "word " << feat << " g " << g[i] << " u " << u[i];
+      if (len < n) EXPECT_EQ(got[size_t(len)], 7.f);
+    }
+  }
+#endif
+}
 
 TEST(Activations, SiluMatchesTheFormula) {
   for (float g = -30.f; g <= 30.f; g += 0.01f) {

@@ -6,12 +6,24 @@
 
 #include "moe_cpu/types.h"
 
+namespace moe_cpu::kernels {  // silu_mul per ISA word (kernels/silu_mul.h; the x86 words on x86 only)
+namespace portable {
+void silu_mul(const float*, const float*, int64_t, float*);
+}
+namespace avx2 {
+void silu_mul(const float*, const float*, int64_t, float*);
+}
+namespace avx512 {
+void silu_mul(const float*, const float*, int64_t, float*);
+}
+}  // namespace moe_cpu::kernels
+
 namespace moe_cpu {
 
 inline float silu(float g) { return g / (1.f + std::exp(-g)); }
 
-// out[i] = silu(g[i]) * u[i] for i < n, in loops that vectorize on every target (activations.cpp); every ISA level
-// gives the same bits.
+// out[i] = silu(g[i]) * u[i] for i < n with Cephes' e^-g: one loop (kernels/silu_mul.h) compiled per ISA word,
+// the widest the active ISA level has (activations.cpp); every level gives the same bits.
 void silu_mul(const float* g, const float* u, int64_t n, float* out);
 
 // gpt-oss: gate clamped above at 7, up to [-7, 7]; (u + 1) * g * sigmoid(1.702 g).

@@ -259,10 +259,13 @@ def test_random_forms_pack_as_the_gguf_loader_does():
     scale per channel."""
     rng = np.random.default_rng(0)
     make = lambda f: random_forms.random_codes(rng, f, 2, 32, 256, gguf_blocks=True)()
-    for f in ("q4_0", "q8_0"):
-        assert make(f).has_half_scales and make(f).act_block == 32
-    for f in ("q4_k", "q5_k", "q6_k", "iq4_xs"):
-        assert make(f).has_int_scales and make(f).act_block == (32 if f == "iq4_xs" else 128), f
+    for f in ("q4_0", "q8_0"):   # fp16 scales where the kernel takes them: the x86 int kernels but AMX's
+        p = make(f)
+        assert p.has_half_scales == ("_amx" not in p.kernel) and p.act_block == 32, (f, p.kernel)
+    for f in ("q4_k", "q5_k", "q6_k", "iq4_xs"):   # integer scales where the kernel takes them: not AMX's int8 tiles
+        p = make(f)
+        assert p.has_int_scales == (not p.kernel.startswith("w8a8_amx")), (f, p.kernel)
+        assert p.act_block == (32 if f == "iq4_xs" else 128), f
     assert make("q4_k").has_int_mins and make("q5_k").has_mins
     if moe_cpu.cpu_features()["kernels"]["int8_w8a8"].startswith("w8a8_avx2"):   # split codes: the AVX2 int8 kernel
         assert make("q5_k").code_bits == 5 and make("q6_k").code_bits == 6

@@ -25,7 +25,7 @@ inline float exp_poly(float x0) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.f;
-  const int32_t bits = (int32_t(n) + 127) << 23;
+  const int32_t bits = int32_t(uint32_t(int32_t(n == n ? n : 0.f) + 127) << 23);  // n in [-126, 127]; NaN: p is NaN
   float scale;
   std::memcpy(&scale, &bits, 4);
   return x0 > 88.7f ? __builtin_inff() : p * scale;

@@ -202,9 +202,12 @@ struct IntAvx2 {
       // isc * d and imin * dmin here (the same floats: it reads 20 bytes per 32 codes, not 24).
       const IntForms forms(w, e, b, G);
       // Decode with integer mins: per run, the int32 sum of imin * code sum by vpmaddwd of pairs, times
-      // dmin once (as int_mins_term on AVX-512): about 1.5 ops per group instead of 7 for fp32 mins.
+      // dmin once (as int_mins_term on AVX-512): about 1.5 ops per group instead of 7 for fp32 mins. Only on
+      // vpmaddubsw, whose row tiles on these forms are int_avx2_runs.h's (the same run term); the AVX-VNNI row
+      // tiles here take fp32 mins per group, and so does their decode, so that a row's bits do not depend on the
+      // rows beside it.
       alignas(32) float corr[MR == 1 ? H : 1][8];
-      const bool run_mins = !kA16 && MR == 1 && kInt4 && has_mins && forms.imn;
+      const bool run_mins = !kA16 && MR == 1 && kInt4 && has_mins && forms.imn && D == IntDot::kMaddubs;
       if (run_mins) {
         const bool f32_sums = kBlk != 0 && imins_f32(w);  // blocks shorter than a run
         int_mins_term_ymm<H>(forms, f32_sums ? nullptr : a.asum16 + a.row_idx[r0] * a.G2, bsr[0],

@@ -1,7 +1,8 @@
 // tile_driver.h — walks a kernel's register tiles over (column blocks [b0, b1)) x (rows): column
 // groups of NJ blocks outside, row tiles of MR inside, so the weight panels stay in L1/L2 across
 // row tiles. With one row (decode) it takes ND blocks at a time; the x86 kernels take ND = 1: one sequential
-// stream per thread (4-8 panels at once, streams 6-32 KiB apart, made decode 10-30% slower).
+// stream per thread (4-8 panels at once, streams 6-32 KiB apart, made decode 10-30% slower), but AVX-512 fp8's 2:
+// one vdpbf16ps chain a panel held its decode below the memory's speed (docs/performance.md, "Decisions").
 // Micro<R, J>::run(w, e, b, a, r0, c, ldc) computes rows [r0, r0+R) x blocks [b, b+J), writing c relative to
 // block b.
 #pragma once

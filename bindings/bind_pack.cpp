@@ -188,9 +188,10 @@ void bind_pack(py::module_& m) {
       .def_property_readonly("code_bits", [](const PackedExperts& p) {
         return p.split_bits ? p.split_bits : p.scheme == Scheme::kInt4W4A8 ? 4 : p.scheme == Scheme::kBf16 ? 16 : 8;
       },
-                             "Bits a weight code takes in memory: 4 (int4), 8 (int8, fp8), 16 (bf16), or 5 / 6 "
-                             "when the kernel holds int8 codes that span at most 32 / 64 values (GGUF Q5_K / Q6_K) as split codes (low "
-                             "nibbles + high bits; the AVX2 vpmaddubsw kernel): exact. unpack() and files give the same int8 values.")
+                             "Bits a weight code takes in memory: 4 (int4), 8 (int8, fp8), 16 (bf16), or 2 / 3 / 4 / 5 / 6 "
+                             "when the kernel holds int8 codes that span at most 4 / 8 / 16 / 32 / 64 values (GGUF Q2_K / Q3_K / Q5_K / "
+                             "Q6_K) as split codes (low bits + high bits; the AVX2 vpmaddubsw and AVX-512 VNNI kernels, 3 bits on "
+                             "AVX-512 only): exact. unpack() and files give the same int8 values.")
       .def_property_readonly("act_block", [](const PackedExperts& p) -> py::object {
         if (!p.act_block) return py::none();
         return py::int_(p.act_block);

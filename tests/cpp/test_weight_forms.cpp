@@ -43,7 +43,7 @@ struct FormCase {
   // scales = d * (6-bit sc, or sc - 32 without mins: IQ4_XS) per run of 8 groups: int4 kernels with
   // int_scales take them as integers
   bool kscales = false;
-  int lo8 = -128, hi8 = 127;  // int8: the codes' range (narrow ones: split 5- / 6-bit codes on kernels that take them)
+  int lo8 = -128, hi8 = 127;  // int8: the codes' range (narrow ones: split 2- to 6-bit codes on kernels that take them)
   bool top = false;           // int8: every code at hi8 but one at lo8, activations +-127 (the largest int16 sums of split codes)
 };
 const FormCase kForms[] = {
@@ -90,6 +90,10 @@ const FormCase kForms[] = {
     {"Int8_2bit_G16_KScales_KMins_M9", false, nullptr, true, 9, 40, 512, 16, true, true, 0, 3},
     {"Int8_3bit_G16_KScales_M6", false, nullptr, false, 6, 40, 256, 16, false, true, -4, 3},       // Q3_K
     {"Int8_3bit_G32_M9", false, nullptr, false, 9, 40, 256, 32, false, false, -4, 3},
+    {"Int8_3bit_G16_M1", false, nullptr, false, 1, 48, 256, 16, false, false, -4, 3},            // 3-bit decode
+    {"Int8_3bit_G16_KScales_M1", false, nullptr, false, 1, 40, 272, 16, false, true, -4, 3},     // 34 steps: a half vector
+    {"Int8_3bit_G16_Top_M1", false, nullptr, false, 1, 32, 272, 16, false, false, -4, 3, true},
+    {"Int8_3bit_G16_Top_M7", false, nullptr, false, 7, 32, 272, 16, false, false, -4, 3, true},
     {"Int8_2bit_G32_Mins_M1", false, nullptr, true, 1, 40, 256, 32, false, false, 0, 3},
     {"Int8_2bit_G16_Top_M7", false, nullptr, false, 7, 32, 256, 16, false, false, 0, 3, true},
     {"Int8_4bit_G16_Top_M1", false, nullptr, false, 1, 32, 256, 16, false, false, -8, 7, true},
@@ -169,7 +173,7 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
     if (c.kscales) EXPECT_EQ(p.iscale_groups, kd->int_scales ? 8 : 0) << "integer scales";
     const int span = c.hi8 - c.lo8;
     if (!c.int4 && c.lo8 > -128)
-      EXPECT_EQ(p.split_bits, !kd->split_codes ? 0 : span < 4 ? 2 : span < 16 ? 4 : span < 32 && c.group == 32 ? 5 : 6)
+      EXPECT_EQ(p.split_bits, !kd->split_codes ? 0 : span < 4 ? 2 : span < 8 && kd->split3 ? 3 : span < 16 ? 4 : span < 32 && c.group == 32 ? 5 : 6)
           << "split codes";
     if (c.int4) {  // plain or |codebook| codes in groups of 32 along K, |codebook| ones in groups of 16: qword panels
       const bool signed_cb = p.code_shuffle && code_table_top(p) > 31;  // where the kernel takes them

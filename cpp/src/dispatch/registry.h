@@ -71,8 +71,9 @@ struct KernelDesc {
   // AMX kernels' A tiles; nullptr: never); the pipeline then gathers GEMM1's rows once per task.
   bool (*gathers_rows)(const PackedExperts& w, int64_t rows) = nullptr;
   bool half_scales = false;  // int schemes: takes fp16 scales (PackedExperts::half_scales)
-  bool split_codes = false;  // int8: takes split 5- / 6-bit codes (PackedExperts::split_bits), and with them integer mins
+  bool split_codes = false;  // int8: takes split 2- to 6-bit codes (PackedExperts::split_bits), and with them integer mins
   bool qword_panels = false;  // int4: takes qword panels (PackedExperts::qword_panels)
+  bool split3 = false;        // split codes: takes 3-bit ones (without: codes of 8 values take 4 bits)
 };
 
 // Best registered kernel for `w` (scheme and shape set) under the active features; the

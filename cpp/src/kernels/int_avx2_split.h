@@ -1,6 +1,7 @@
 // int_avx2_split.h — the vpmaddubsw int8 kernel (w8a8_avx2) on split 2- / 4- / 5- / 6-bit codes
 // (PackedExperts::split_bits, layout in moe/split_codes.h; GGUF Q2_K and Q3_K in groups of 16, Q5_K in groups of 32,
-// Q6_K in groups of 16): per 8-k step one load of low bits (nibbles or a 2-bit plane) and a shift + AND of the
+// Q6_K in groups of 16; Q3_K's 8 values take 4 bits here, as 3-bit codes' unpacking cost the row tiles 1.1-1.2x,
+// KernelDesc::split3): per 8-k step one load of low bits (nibbles or a 2-bit plane) and a shift + AND of the
 // high-bit vector give q = w + split_zero in [0, 63] for two steps of 4 k, and
 // vpmaddubsw(q, a) + vpmaddwd sum them exactly (a step's pair <= 2 * 2 * 63 * 127 < 2^15); the group's int32 sum
 // minus split_zero * its code sum is then w . a, met by the same fp32 operations as IntAvx2 / IntAvx2G32 (block
@@ -27,13 +28,12 @@
 
 MOE_ISA_BEGIN
 
-// Bits [xb j, xb j + xb) of each byte of hv at bits [4, 4 + xb) (16-bit shifts: what crosses a byte lands outside).
-template <int kXb, int kJ>
-inline __m256i split_high(__m256i hv, __m256i mask) {
-  constexpr int s = 4 - kXb * kJ;
-  if constexpr (s > 0) return _mm256_and_si256(_mm256_slli_epi16(hv, s), mask);
-  else if constexpr (s < 0) return _mm256_and_si256(_mm256_srli_epi16(hv, -s), mask);
-  else return _mm256_and_si256(hv, mask);
+// v shifted left by s bits (right for s < 0) in 16-bit lanes.
+template <int s>
+inline __m256i shift16(__m256i v) {
+  if constexpr (s > 0) return _mm256_slli_epi16(v, s);
+  else if constexpr (s < 0) return _mm256_srli_epi16(v, -s);
+  else return v;
 }
 
 // f(std::integral_constant<int, 0>) ... f(std::integral_constant<int, N - 1>).
@@ -48,10 +48,12 @@ inline __attribute__((always_inline)) void split_unroll(const F& f) {
 // The codes of kBits-bit split codes (2, 4, 5, 6): lb low bits (nibbles, or a 2-bit plane) ORed with xb high bits.
 template <int kBits>
 struct SplitBits {
+  static_assert(kBits != 3, "3-bit codes: the AVX-512 kernel's");
   static constexpr int kLb = kBits == 2 ? 2 : 4, kXb = kBits - kLb;
   static constexpr int kLowSpv = 4 / kLb, kSpv = kXb ? 4 / kXb : 1;  // steps per 64-byte vector of each plane
-  // Bytes of a group of kS steps in each plane.
+  // Bytes of a group of kS steps in the low bits.
   static constexpr int64_t low_bytes(int kS) { return kS / kLowSpv * 64; }
+  // Bytes of a group of kS steps in the high bits.
   static constexpr int64_t high_bytes(int kS) { return kXb ? kS / kSpv * 64 : 0; }
   const __m256i lmask, hmask;
   SplitBits() : lmask(_mm256_set1_epi8(char((1 << kLb) - 1))), hmask(_mm256_set1_epi8(char(((1 << kXb) - 1) << kLb))) {}
@@ -60,15 +62,20 @@ struct SplitBits {
   template <int t>
   __attribute__((always_inline)) void at(const uint8_t* gl, const uint8_t* gh, __m256i& lo, __m256i& hi) const {
     const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(gl + (t / kLowSpv) * 64));
-    constexpr int j = kLb == 4 ? 0 : 4 * (t % 2);  // the 2-bit plane: fields 2 (t % 2) and 2 (t % 2) + 1
-    lo = _mm256_and_si256(_mm256_srli_epi16(v, j), lmask);
-    hi = _mm256_and_si256(_mm256_srli_epi16(v, j + kLb), lmask);
-    if constexpr (kXb != 0) {
-      constexpr int jh = 2 * (t % kSpv);
-      const __m256i hv = _mm256_load_si256(reinterpret_cast<const __m256i*>(gh + (t / kSpv) * 64));
-      lo = _mm256_or_si256(lo, split_high<kXb, jh>(hv, hmask));
-      hi = _mm256_or_si256(hi, split_high<kXb, jh + 1>(hv, hmask));
+    if constexpr (kLb == 4) {
+      lo = _mm256_and_si256(v, lmask);
+      hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lmask);
+      if constexpr (kXb != 0) {  // field j = 2 (t % spv) + hi at bits [lb, lb + xb)
+        constexpr int jh = 2 * (t % kSpv);
+        const __m256i hv = _mm256_load_si256(reinterpret_cast<const __m256i*>(gh + (t / kSpv) * 64));
+        lo = _mm256_or_si256(lo, _mm256_and_si256(shift16<kLb - kXb * jh>(hv), hmask));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(shift16<kLb - kXb * (jh + 1)>(hv), hmask));
+      }
+      return;
     }
+    const __m256i u = shift16<-2 * (t % 2)>(v);  // 2 bits: the step's codes at bits [0, 2) and [4, 6)
+    lo = _mm256_and_si256(u, lmask);
+    hi = _mm256_and_si256(_mm256_srli_epi16(u, 4), lmask);
   }
   // Decode: both planes' vectors of group gi ~kDecodePrefetchBytes of codes ahead, into L2.
   template <int kS>
@@ -79,6 +86,18 @@ struct SplitBits {
       _Pragma("GCC unroll 2") for (int v = 0; v < kS / kSpv; ++v)
         _mm_prefetch((const char*)(gh + v * 64 + kDecodePrefetchBytes * kXb / 4), _MM_HINT_T1);
   }
+};
+
+// The row tiles' prefetch of the next column block's high bits (kOn: codes with high bits; none without, so that
+// 2- and 4-bit tiles keep their registers: a prefetch with nothing to do cost Q2_K's 1.05x).
+template <bool kOn>
+struct HighPrefetch : NextGroupPrefetch<> {
+  using NextGroupPrefetch<>::NextGroupPrefetch;
+};
+template <>
+struct HighPrefetch<false> {
+  HighPrefetch(const uint8_t*, int64_t, bool, int64_t, int64_t, int64_t, int64_t) {}
+  void steps(int64_t) {}
 };
 
 // kBits-bit codes (SplitBits), kS steps of 8 k a group (2: groups of 16, 4: of 32), kBlk: a block scale per group (A8
@@ -139,12 +158,13 @@ struct IntAvx2Split {
       const __m256i ones = _mm256_set1_epi16(1);
       const U u;
       NextGroupPrefetch<> pf(w, e, b, 1, r0, MR, a.rows, 2 * a.Kp / 8);
+      HighPrefetch<U::kXb != 0> pfh(ph, split_high_bytes(a.Kp, w.split_bits), b + 2 <= w.num_blocks(), r0, MR, a.rows, 2 * a.Kp / 8);
       alignas(32) float out[MR][16];
       for (int h = 0; h < 2; ++h) {
         __m256 acc[MR];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
         for (int64_t gi = 0; gi < G; ++gi) {
-          pf.steps(kS);
+          pf.steps(kS), pfh.steps(kS);
           const uint8_t* gn = pn + gi * U::low_bytes(kS) + h * 32;
           const uint8_t* gh = ph + gi * U::high_bytes(kS) + h * 32;
           const __m256 sv = forms.scales(a.blk_scales, 0, gi, h * 8, sc, sbase + gi * 16 + h * 8);
@@ -263,6 +283,7 @@ struct IntAvx2SplitRuns {
       const U u;
       const __m256i zc16 = _mm256_set1_epi16(int16_t(w.split_zero));
       NextGroupPrefetch<> pf(w, e, b, 1, r0, MR, a.rows, 2 * a.Kp / 8);
+      HighPrefetch<U::kXb != 0> pfh(ph, split_high_bytes(a.Kp, w.split_bits), b + 2 <= w.num_blocks(), r0, MR, a.rows, 2 * a.Kp / 8);
       for (int h = 0; h < 2; ++h) {
         __m256 acc[MR];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
@@ -271,7 +292,7 @@ struct IntAvx2SplitRuns {
           __m256i isum[MR];
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
           for (int64_t gi = gb; gi < std::min(G, gb + kNB); ++gi) {
-            pf.steps(kS);
+            pf.steps(kS), pfh.steps(kS);
             const uint8_t* gn = pn + gi * U::low_bytes(kS) + h * 32;
             const uint8_t* gh = ph + gi * U::high_bytes(kS) + h * 32;
             const __m256i m = run_scales(forms.isc_at(0, gi) + h * 8);

@@ -1,7 +1,7 @@
-// int_avx512vnni_split.h — w8a8_avx512vnni on split 2- / 4- / 5- / 6-bit codes (PackedExperts::split_bits, layout in
+// int_avx512vnni_split.h — w8a8_avx512vnni on split 2- to 6-bit codes (PackedExperts::split_bits, layout in
 // moe/split_codes.h; GGUF Q2_K, Q3_K and Q6_K in groups of 16, Q5_K in groups of 32), so that decode reads the file's
 // bits. Decode (one row) streams a panel's low bits and high bits a group at a time: per 8-k step one 64-byte vector
-// of low bits gives two steps of 4 k (shift + AND), the high bits ORed in at [4, 4 + xb) by one vpternlogd each, so
+// of low bits gives two steps of 4 k (shift + AND), the high bits ORed in at [lb, lb + xb) by one vpternlogd each, so
 // q = w + split_zero in [0, 64) meets the row's activation bytes in vpdpbusd; the group's int32 sum, minus
 // split_zero times its code sum, is the int8 panels' exact sum, finished by IntVnni's own epilogue (the same bits).
 // Row tiles (two rows or more) widen each column group's panels once per call into int8 panels of the bytes q
@@ -31,39 +31,52 @@ inline __attribute__((always_inline)) void unroll_n(const F& f) {
 
 template <int kBits, int kS>
 struct SplitVnni {
-  static constexpr int kLb = kBits == 2 ? 2 : 4, kXb = kBits - kLb;
+  static constexpr int kLb = kBits <= 3 ? 2 : 4, kXb = kBits - kLb;
   static constexpr int kLowSpv = 4 / kLb, kSpv = kXb ? 4 / kXb : 1;  // steps per 64-byte vector of each plane
-  static_assert(kS % kLowSpv == 0 && kS % kSpv == 0, "whole vectors per group");
+  static_assert(kS % kLowSpv == 0 && (kS % kSpv == 0 || kSpv % kS == 0), "whole groups per vector");
 
-  // Field kJ (xb bits at [xb kJ, xb kJ + xb)) of each byte of hv at [4, 4 + xb), other bits anything but those
-  // (16-bit shifts: what crosses a byte lands below bit 4 or above bit 4 + xb).
-  template <int kJ>
-  static __attribute__((always_inline)) __m512i high_at4(__m512i hv) {
-    constexpr int s = 4 - kXb * kJ;
-    if constexpr (s > 0) return _mm512_slli_epi16(hv, s);
-    else if constexpr (s < 0) return _mm512_srli_epi16(hv, -s);
-    else return hv;
+  // v shifted left by s bits (right for s < 0) in 16-bit lanes.
+  template <int s>
+  static __attribute__((always_inline)) __m512i shift16(__m512i v) {
+    if constexpr (s > 0) return _mm512_slli_epi16(v, s);
+    else if constexpr (s < 0) return _mm512_srli_epi16(v, -s);
+    else return v;
   }
-  // q of step t (kQ = t's place in its group): lo (k0 .. k0 + 3) and hi (k0 + 4 .. k0 + 7) of 16 columns.
+  // q of step t (kQ = t's place in its group): lo (k0 .. k0 + 3) and hi (k0 + 4 .. k0 + 7) of 16 columns; hs: the
+  // left shift of the high bits that puts a group at its vector's first steps (3-bit codes in groups of 16).
   template <int kQ>
-  static __attribute__((always_inline)) void codes(const uint8_t* low, const uint8_t* high, int64_t t, __m512i& lo,
-                                                   __m512i& hi) {
-    const __m512i lmask = _mm512_set1_epi8(char((1 << kLb) - 1)), hmask = _mm512_set1_epi8(char(((1 << kXb) - 1) << kLb));
+  static __attribute__((always_inline)) void codes(const uint8_t* low, const uint8_t* high, int64_t t, __m128i hs,
+                                                   __m512i& lo, __m512i& hi) {
     const __m512i v = _mm512_load_si512(low + (t / kLowSpv) * 64);
-    constexpr int jl = kLb == 4 ? 0 : 4 * (kQ % 2);  // the 2-bit plane: fields 2 (t % 2) and 2 (t % 2) + 1
-    lo = _mm512_and_si512(jl ? _mm512_srli_epi16(v, jl) : v, lmask);
-    hi = _mm512_and_si512(_mm512_srli_epi16(v, jl + kLb), lmask);
-    if constexpr (kXb != 0) {
-      constexpr int jh = 2 * (kQ % kSpv);
-      const __m512i hv = _mm512_load_si512(high + (t / kSpv) * 64);
-      lo = _mm512_ternarylogic_epi32(lo, high_at4<jh>(hv), hmask, 0xf8);  // lo | (h & hmask)
-      hi = _mm512_ternarylogic_epi32(hi, high_at4<jh + 1>(hv), hmask, 0xf8);
+    if constexpr (kLb == 4) {
+      const __m512i lmask = _mm512_set1_epi8(15), hmask = _mm512_set1_epi8(char(((1 << kXb) - 1) << 4));
+      lo = _mm512_and_si512(v, lmask);
+      hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lmask);
+      if constexpr (kXb != 0) {  // field j = 2 (t % spv) + hi at bits [4, 4 + xb): lo | (h & hmask)
+        constexpr int jh = 2 * (kQ % kSpv);
+        const __m512i hv = _mm512_load_si512(high + (t / kSpv) * 64);
+        lo = _mm512_ternarylogic_epi32(lo, shift16<4 - kXb * jh>(hv), hmask, 0xf8);
+        hi = _mm512_ternarylogic_epi32(hi, shift16<4 - kXb * (jh + 1)>(hv), hmask, 0xf8);
+      }
+      return;
     }
+    __m512i u = shift16<-2 * (kQ % 2)>(v);  // the step's codes at bits [0, 2) and [4, 6)
+    if constexpr (kXb != 0) {               // 3 bits: theirs at (t + 2) % 4 and + 4, brought to bits 2 and 6
+      __m512i hv = _mm512_load_si512(high + (t / kSpv) * 64);
+      if constexpr (kS < kSpv) hv = _mm512_sll_epi16(hv, hs);
+      constexpr int sh = 2 - (kQ % 4 + 2) % 4;
+      u = _mm512_ternarylogic_epi32(u, shift16<sh>(hv), _mm512_set1_epi8(0x33), 0xe4);  // 0x33 bits of u, others hv's
+    }
+    const __m512i m = _mm512_set1_epi8(char(kXb ? 7 : 3));
+    lo = _mm512_and_si512(u, m);
+    hi = _mm512_and_si512(_mm512_srli_epi16(u, 4), m);
   }
   // f(t, lo, hi) for the codes of one group's kS steps from step s0, each plane prefetched kDecodePrefetchBytes of
   // codes ahead.
   template <class F>
   static __attribute__((always_inline)) void group_codes(const uint8_t* low, const uint8_t* high, int64_t s0, const F& f) {
+    static_assert(kS >= kSpv || (kBits == 3 && kS == 2), "short groups: 3-bit codes in groups of 16");
+    const __m128i hs = _mm_cvtsi32_si128(kS < kSpv ? int(s0 % kSpv) : 0);  // 2 for a group at steps 2 and 3
     unroll_n<kS>([&](auto qc) __attribute__((always_inline)) {
       constexpr int q = decltype(qc)::value;
       const int64_t t = s0 + q;
@@ -71,7 +84,7 @@ struct SplitVnni {
       if constexpr (kXb != 0 && q % kSpv == 0)
         _mm_prefetch((const char*)(high + (t / kSpv) * 64 + kDecodePrefetchBytes * kXb / 4), _MM_HINT_T1);
       __m512i lo, hi;
-      codes<q>(low, high, t, lo, hi);
+      codes<q>(low, high, t, hs, lo, hi);
       f(t, lo, hi);
     });
   }
@@ -156,6 +169,7 @@ void int8_vnni_codes_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t
   switch (w.split_bits) {
     case 0: return int8_vnni_gemm<MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
     case 2: return split_vnni_gemm_bits<2, MR, NJ / 2, ND>(w, e, b0, b1, a, c, ldc);
+    case 3: return split_vnni_gemm_bits<3, MR, NJ / 2, ND>(w, e, b0, b1, a, c, ldc);
     case 4: return split_vnni_gemm_bits<4, MR, NJ / 2, ND>(w, e, b0, b1, a, c, ldc);
     case 5: return split_vnni_gemm_bits<5, MR, NJ / 2, ND>(w, e, b0, b1, a, c, ldc);
     default: return split_vnni_gemm_bits<6, MR, NJ / 2, ND>(w, e, b0, b1, a, c, ldc);

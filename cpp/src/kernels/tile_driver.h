@@ -78,6 +78,15 @@ struct NextGroupPrefetch {
     last = uint64_t(o1 - o0 - 1);
     rate = std::min<uint64_t>(uint64_t(64 * N) << 16, (uint64_t(o1 - o0) << 16) / uint64_t(steps));
   }
+  // The same over split codes' high bits: `bytes` a column block from `cur`, when the next block exists.
+  NextGroupPrefetch(const uint8_t* cur, int64_t bytes, bool next, int64_t r0, int64_t R, int64_t rows, int64_t steps)
+      : base(reinterpret_cast<const char*>(cur)) {
+    if (rows <= 1 || !next || bytes <= 0 || bytes > kMaxGroupBytes || steps <= 0) return;
+    const int64_t o0 = r0 * bytes / rows, o1 = std::min(bytes, (r0 + R) * bytes / rows);
+    base += bytes + o0;
+    last = uint64_t(o1 - o0 - 1);
+    rate = std::min<uint64_t>(uint64_t(64 * N) << 16, (uint64_t(o1 - o0) << 16) / uint64_t(steps));
+  }
   void step() {
     for (int i = 0; i < N; ++i) __builtin_prefetch(base + std::min((pos >> 16) + 64 * i, last), 0, 2);
     pos += rate;

@@ -172,8 +172,8 @@ AlignedBuffer float_scales(const PackedExperts& p) {
 
 void set_kernel(PackedExperts& p, const KernelDesc* kd) {
   p.kernel = kd;
-  if (p.split_bits && !kd->split_codes) join_split_codes(p);
-  if (kd->split_codes) derive_split_codes(p);  // first: split codes take integer mins
+  if (p.split_bits && (!kd->split_codes || (p.split_bits == 3 && !kd->split3))) join_split_codes(p);
+  if (kd->split_codes) derive_split_codes(p, kd->split3);  // first: split codes take integer mins
   if (p.qword_panels && !kd->qword_panels) join_qword_panels(p);
   if (kd->qword_panels) derive_qword_panels(p);
   if (p.imin_groups && !takes_int_mins(p)) p.mins = float_mins(p), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer(), p.imin_groups = 0;

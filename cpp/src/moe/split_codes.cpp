@@ -1,4 +1,4 @@
-// split_codes.cpp — int8 panels to split 2- / 4- / 5- / 6-bit codes and back (layout: split_codes.h).
+// split_codes.cpp — int8 panels to split 2- / 3- / 4- / 5- / 6-bit codes and back (layout: split_codes.h).
 #include "moe/split_codes.h"
 
 #include <algorithm>
@@ -14,7 +14,7 @@ namespace {
 constexpr int64_t kSplitMaxGroups = 512;
 }  // namespace
 
-void derive_split_codes(PackedExperts& p) {
+void derive_split_codes(PackedExperts& p, bool three) {
   if (p.split_bits || p.scheme != Scheme::kInt8W8A8 || p.a16 || p.qweight.size() == 0) return;
   const int64_t gl = p.group_len(), K = p.in_features;
   if ((gl != 16 && gl != 32) || K % gl || p.num_groups() > kSplitMaxGroups) return;
@@ -33,30 +33,27 @@ void derive_split_codes(PackedExperts& p) {
     for (int v = hi.load(); h > v && !hi.compare_exchange_weak(v, h);) {}
   });
   const int l0 = lo.load(), span = hi.load() - l0;
-  const int bits = span < 0 ? 0 : span < 4 ? 2 : span < 16 ? 4 : span < 32 && gl == 32 ? 5 : span < 64 ? 6 : 0;
+  const int bits = span < 0 ? 0 : span < 4 ? 2 : span < 8 && three ? 3 : span < 16 ? 4 : span < 32 && gl == 32 ? 5 : span < 64 ? 6 : 0;
   if (!bits) return;
   const int zero = 128 - l0;  // q = w + zero = u - l0
   const int64_t Kp = p.padded_k(), steps = Kp / 8, xb = split_xb(bits), lb = split_lb(bits);
   const int64_t low_bytes = split_low_bytes(Kp, bits), high_bytes = split_high_bytes(Kp, bits);
   AlignedBuffer low(size_t(panels * low_bytes)), high(size_t(panels * high_bytes));
-  // field j of a plane of xb-bit fields (layout: split_codes.h)
-  const auto put = [](uint8_t* plane, int64_t xb, int64_t t, int64_t b, int64_t j, int v) {
-    const int64_t spv = 4 / xb;
-    plane[(t / spv) * 64 + b] |= uint8_t(v << (xb * (2 * (t % spv) + j)));
-  };
   parallel_for(panels, [&](int64_t pi) {
     const uint8_t* src = u + pi * i8_bytes;  // int8 step s (4 k): byte 4c + i = w(4s + i) + 128
     uint8_t* dl = low.data() + pi * low_bytes;
     uint8_t* dh = high.data() + pi * high_bytes;
     for (int64_t t = 0; t < steps; ++t)
-      for (int64_t b = 0; b < 4 * valid(pi); ++b) {  // b = 4c + i
-        const int q[2] = {src[(2 * t) * 64 + b] - l0, src[(2 * t + 1) * 64 + b] - l0};
+      for (int64_t b = 0; b < 4 * valid(pi); ++b)  // b = 4c + i
         for (int j = 0; j < 2; ++j) {
-          if (lb == 4) dl[t * 64 + b] |= uint8_t((q[j] & 15) << (4 * j));
-          else put(dl, 2, t, b, j, q[j] & 3);
-          if (xb) put(dh, xb, t, b, j, q[j] >> lb);
+          const int q = src[(2 * t + j) * 64 + b] - l0;
+          const SplitPos l = split_low_pos(bits, t, j);
+          dl[l.vec + b] |= uint8_t((q & ((1 << lb) - 1)) << l.bit);
+          if (xb) {
+            const SplitPos h = split_high_pos(bits, t, j);
+            dh[h.vec + b] |= uint8_t((q >> lb) << h.bit);
+          }
         }
-      }
   });
   p.qweight = std::move(low), p.qhigh = std::move(high), p.split_bits = bits, p.split_zero = zero;
 }

@@ -18,7 +18,8 @@ Types (all lossless but F16 / F32; ``unpack()`` equals ``gguf.quants.dequantize`
   (more bytes than the file: docs/formats.md);
 - ik_llama.cpp's own types (gguf_ik.py, type ids gguf-py does not know): Q6_0 -> int8 g32; IQ2_K, IQ3_K, IQ4_K,
   IQ5_K -> int8 g16; IQ2_KS, IQ3_KS, IQ4_KS, IQ5_KS, IQ4_KSS, IQ2_KL, IQ1_KT ... IQ4_KT (a scale at the start of each
-  row) -> int8 g32;
+  row) -> int8 g32; the row-interleaved Q4_0_R8, Q5_0_R4, Q6_0_R4, Q8_0_R8, IQ4_NL_R4, IQ4_XS_R8, Q4_K_R4, Q5_K_R4,
+  Q6_K_R4 (gguf_repacked.py) -> their base type's blocks, rebuilt exactly, and that type's form;
 - BF16 -> bf16 exactly; F16 and F32 are unquantized: quantized on load to ``scheme``, by default
   bf16 (rounded to nearest even, so F16 values with more than 8 significant bits change).
 gate and up (and each of w13 / w2) keep their own form when they agree, and become int8 (codes
@@ -41,6 +42,7 @@ from ._gguf_blocks import Blocks, rows
 from ._common import LayerWeights, Part, Source, build_experts, check_expert_ids, resolve_pair
 from . import gguf_lowbit as lb
 from .gguf_ik import IK_QUANT
+from .gguf_repacked import REPACKED, base_rows
 from .config import config_from_gguf
 
 __all__ = ["load_gguf_layer"]
@@ -218,11 +220,11 @@ class _ForeignTensor:
         self.data = None
 
     def locate(self, mm: np.ndarray, at: int) -> None:
-        typ = self.tensor_type.name
-        if typ not in IK_QUANT or not len(self.shape) or int(self.shape[0]) % IK_QUANT[typ][3]:
+        typ = _base(self.tensor_type.name)
+        if typ not in _QUANT or not len(self.shape) or int(self.shape[0]) % _QUANT[typ][2]:
             return   # tensor() names the type or the shape
         ne = [int(x) for x in self.shape]
-        row = _ROW_HEAD.get(typ, 0) + ne[0] // IK_QUANT[typ][3] * IK_QUANT[typ][4]
+        row = _ROW_HEAD.get(typ, 0) + ne[0] // _QUANT[typ][2] * _QUANT[typ][3]
         n = int(np.prod(ne[1:], dtype=np.int64)) * row
         self.data = mm[at:at + n].reshape(*ne[:0:-1], row) if at + n <= len(mm) else mm[at:at + n]
 
@@ -256,9 +258,17 @@ def _type(t: Any) -> str:
     return t.tensor_type.name
 
 
+def _base(typ: str) -> str:
+    """The type whose blocks a repacked (_R4 / _R8) type interleaves; any other type itself."""
+    return REPACKED[typ][1] if typ in REPACKED else typ
+
+
 def _decode(t: Any, row: np.ndarray, N: int, K: int) -> Part:
     """One expert's [N, K] slice of GGUF tensor ``t`` (raw rows from the memory map) -> Part."""
     typ = _type(t)
+    if typ in REPACKED:   # R rows interleaved: the base type's blocks back
+        _, _, blk, size, dec, _, _ = _QUANT[_base(typ)]
+        return dec(Blocks(base_rows(typ, row, N, K // blk, size), t.name))
     if typ in _QUANT:
         _, _, blk, size, dec, _, _ = _QUANT[typ]
         head = _ROW_HEAD.get(typ, 0)
@@ -316,10 +326,16 @@ class _File:
         if t is None:
             raise ValueError(f"missing tensor {name}{' (' + what + ')' if what else ''} in {self.path}")
         typ = _type(t)
+        if typ in REPACKED:   # checked as its base type, plus whole groups of R rows
+            R = REPACKED[typ][2]
+            if len(t.shape) < 2 or int(t.shape[1]) % R:
+                raise ValueError(f"tensor {name}: {typ} interleaves groups of {R} rows, but its matrices have "
+                                 f"{int(t.shape[1]) if len(t.shape) > 1 else 1} rows")
+            typ = _base(typ)
         if typ not in _QUANT and typ not in _FLOAT:
             what = t.tensor_type.describe() if isinstance(t, _ForeignTensor) else typ
             raise ValueError(f"unsupported GGUF type {what} for tensor {name}: moe_cpu reads "
-                             f"{', '.join(list(_QUANT) + list(_FLOAT))}")
+                             f"{', '.join(list(_QUANT) + list(REPACKED) + list(_FLOAT))}")
         got = tuple(int(x) for x in t.shape)
         if typ in _QUANT and got and got[0] % _QUANT[typ][2]:
             raise ValueError(f"tensor {name}: {typ} packs blocks of {_QUANT[typ][2]} along its rows, but its rows "
@@ -341,7 +357,7 @@ class _File:
     def source(self, name: str, N: int, K: int, E: Optional[int]) -> Source:
         """Source over the experts of ``name`` ([E, N, K]; E None: a 2-D shared-expert tensor)."""
         t = self.tensor(name, (K, N) if E is None else (K, N, E))
-        typ = _type(t)
+        typ = _base(_type(t))
         if typ in _FLOAT:
             return Source(name, N, "float", -1, lambda e: _decode(t, t.data if E is None else t.data[e], N, K))
         native, g, _, _, _, cb, mins = _QUANT[typ]

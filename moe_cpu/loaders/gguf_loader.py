@@ -18,8 +18,8 @@ Types (all lossless but F16 / F32; ``unpack()`` equals ``gguf.quants.dequantize`
   (more bytes than the file: docs/formats.md);
 - ik_llama.cpp's own types (gguf_ik.py, type ids gguf-py does not know): Q6_0 -> int8 g32; IQ2_K, IQ3_K, IQ4_K,
   IQ5_K -> int8 g16; IQ2_KS, IQ3_KS, IQ4_KS, IQ5_KS, IQ4_KSS, IQ2_KL, IQ1_KT ... IQ4_KT (a scale at the start of each
-  row) -> int8 g32; the row-interleaved Q4_0_R8, Q5_0_R4, Q6_0_R4, Q8_0_R8, IQ4_NL_R4, IQ4_XS_R8, Q4_K_R4, Q5_K_R4,
-  Q6_K_R4 (gguf_repacked.py) -> their base type's blocks, rebuilt exactly, and that type's form;
+  row) -> int8 g32; ik's row-interleaved _R4 / _R8 forms of these (Q4_0_R8 ... Q6_K_R4, IQ4_XS_R8, IQ2_XXS_R4 ...
+  IQ3_S_R4, IQ2_K_R4 ... IQ5_KS_R4: gguf_repacked.py) -> their base type's blocks, rebuilt exactly, and its form;
 - BF16 -> bf16 exactly; F16 and F32 are unquantized: quantized on load to ``scheme``, by default
   bf16 (rounded to nearest even, so F16 values with more than 8 significant bits change).
 gate and up (and each of w13 / w2) keep their own form when they agree, and become int8 (codes
@@ -194,7 +194,9 @@ _IK_TYPES = {
     155: "IQ4_KT", 156: "IQ3_KS", 157: "IQ2_KL", 158: "IQ1_KT", 202: "Q4_0_R8", 206: "Q5_0_R4", 208: "Q8_0_R8",
     210: "Q2_K_R4", 211: "Q3_K_R4", 212: "Q4_K_R4", 213: "Q5_K_R4", 214: "Q6_K_R4", 216: "IQ2_XXS_R4",
     217: "IQ2_XS_R4", 218: "IQ3_XXS_R4", 219: "IQ1_S_R4", 220: "IQ4_NL_R4", 221: "IQ3_S_R4", 222: "IQ2_S_R4",
-    223: "IQ4_XS_R8", 229: "IQ1_M_R4", 230: "BF16_R16", 233: "Q6_0_R4",
+    223: "IQ4_XS_R8", 229: "IQ1_M_R4", 230: "BF16_R16", 233: "Q6_0_R4", 335: "IQ2_BN_R4", 337: "IQ2_K_R4",
+    338: "IQ3_K_R4", 339: "IQ4_K_R4", 340: "IQ5_K_R4", 344: "IQ4_KS_R4", 352: "IQ5_KS_R4", 397: "Q8_K_R16",
+    398: "Q8_KV_R8", 399: "Q8_K_R8",
 }
 
 
@@ -266,9 +268,8 @@ def _base(typ: str) -> str:
 def _decode(t: Any, row: np.ndarray, N: int, K: int) -> Part:
     """One expert's [N, K] slice of GGUF tensor ``t`` (raw rows from the memory map) -> Part."""
     typ = _type(t)
-    if typ in REPACKED:   # R rows interleaved: the base type's blocks back
-        _, _, blk, size, dec, _, _ = _QUANT[_base(typ)]
-        return dec(Blocks(base_rows(typ, row, N, K // blk, size), t.name))
+    if typ in REPACKED:   # R rows interleaved: the base type's rows back
+        row, typ = base_rows(typ, row, N, K // _QUANT[_base(typ)][2], _QUANT[_base(typ)][3]), _base(typ)
     if typ in _QUANT:
         _, _, blk, size, dec, _, _ = _QUANT[typ]
         head = _ROW_HEAD.get(typ, 0)

@@ -19,12 +19,16 @@ PY=$(python3 -c 'import sys; print(sys.executable)')  # the interpreter itself (
 # (SandyBridge and later are detected right); naming the core type keeps its SSE4.2 kernels on both emulated CPUs.
 export OPENBLAS_CORETYPE=Nehalem
 quiet() { grep -v "^qemu-x86_64: warning: TCG doesn't support requested feature" || true; }
-# Runs a command; prints its last lines, or its last 80 (failures included) and stops where it fails.
+# Runs a command; prints its last lines, or where it fails: GoogleTest's failures (skip messages can push them out
+# of the last 80 lines), then its last 80.
+failures() { grep -E -A 20 "Failure|\[  FAILED  \]|Segmentation fault|Aborted" || true; }
 run() {
   local log rc=0
   log=$(mktemp)
   "$@" >"$log" 2>&1 || rc=$?
-  if [ $rc -eq 0 ]; then quiet <"$log" | tail -n 2; else quiet <"$log" | tail -n 80; echo "FAILED ($rc): $*" >&2; fi
+  if [ $rc -eq 0 ]; then quiet <"$log" | tail -n 2; else
+    { failures <"$log" | head -n 80; } || true; quiet <"$log" | tail -n 80; echo "FAILED ($rc): $*" >&2
+  fi
   rm -f "$log"
   return $rc
 }

@@ -160,11 +160,8 @@ def q4_k_r4(b: np.ndarray) -> np.ndarray:
 def q5_k_r4(b: np.ndarray) -> np.ndarray:
     """d[4] then dmin[4], scales_h[16], scales_l[32], qh[128] (fifth bits), qs[512]."""
     L = (_low_codes(b[..., 192:]) | (_high_codes(b[..., 64:192], _HIGH_Q5_K, 1) << 4)).reshape(*b.shape[:2], 4, 256)
-    qh = np.zeros((*L.shape[:3], 32), np.uint8)
-    for bit in range(8):
-        qh |= (L[..., 32 * bit:32 * bit + 32] >> 4) << bit
-    return _rows(np.concatenate([_fp16s(b, 4), _fp16s(b, 4, 8), _k_scales(b[..., 16:32], b[..., 32:64]), qh, _k_qs(L)],
-                                axis=-1))
+    return _rows(np.concatenate([_fp16s(b, 4), _fp16s(b, 4, 8), _k_scales(b[..., 16:32], b[..., 32:64]),
+                                 _bit_planes(L, 4), _k_qs(L)], axis=-1))
 
 
 def q6_k_r4(b: np.ndarray) -> np.ndarray:

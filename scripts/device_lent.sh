@@ -23,7 +23,7 @@ if nvidia-smi -L > /dev/null 2>&1; then
     cat '$L/stream_cuda.log'"
 fi
 if python3 -c "import moe_cpu, sys; sys.exit('amx' not in moe_cpu.cpu_features()['detected'])"; then
-  B=../.devcarry/bin; mkdir -p ../build/ctest && cp $B/libmoe_cpu_amx_trap.so ../build/ctest/   # test_dispatch's tile count
+  B=../.devcarry/bin; mkdir -p ../build/py && cp $B/libmoe_cpu_amx_trap.so ../build/py/   # test_dispatch's tile count
   step 90 "gtest on real tiles" bash -c "$B/moe_cpu_tests --gtest_brief=1 > '$L/gtest.txt' 2>&1; tail -n 3 '$L/gtest.txt'"
   step 120 "pytest -m isa at amx, every expert on the tiles" bash -c "MOE_CPU_ISA=amx MOE_CPU_AMX_MIN_ROWS=1 python3 -m \
     pytest -q -p no:cacheprovider -n 8 -m isa \$(python3 -c 'import jupyter_client' 2>/dev/null || echo --ignore=python/test_notebook.py) \

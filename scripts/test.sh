@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the tests (after `bash scripts/setup.sh`, which builds build/py and build/ctest).
+# Runs the tests (after `bash scripts/setup.sh`, which builds build/py: the extension and the Release C++ tests).
 #   bash scripts/test.sh          # everything (what .ci/run runs): the GoogleTest suite (plain, under ASan + UBSan,
 #                                 # the Stream under TSan, AArch64 under qemu), the emulated CPUs, pytest (all of it at
 #                                 # the native level, the `isa` tests again at every other ISA level, the DLPack tests
@@ -16,19 +16,21 @@ MODE=${1:-full}
 case "$MODE" in full|quick) ;; *) echo "usage: bash scripts/test.sh [quick]   (modes: full, the default; quick)" >&2; exit 2 ;; esac
 T0=$SECONDS
 took() { echo "   ($1: $((SECONDS - $2)) s)"; }
-# The package: pip's incremental build in build/py (what setup.sh installed), skipped when no source is newer than
-# the last install's stamp.
+# The package and the Release C++ tests: pip's incremental build in build/py (what setup.sh installed; one build of
+# the core for both), skipped when no source is newer than the last install's stamp.
 STAMP=build/py/.installed
 install_if_changed() {
   local changed
-  changed=$(find cpp bindings moe_cpu cmake CMakeLists.txt pyproject.toml -newer "$STAMP" -print -quit 2>/dev/null || echo x)
+  changed=$(find cpp bindings moe_cpu cmake CMakeLists.txt pyproject.toml tests/cpp tests/amx_trap bench/studies/amx_skeleton.cpp \
+    -newer "$STAMP" -print -quit 2>/dev/null || echo x)
   if [ -f "$STAMP" ] && [ -z "$changed" ] && (cd tests && python3 -c "import moe_cpu" 2>/dev/null); then
     echo "== install: nothing changed since the last install ($STAMP)"; return
   fi
   echo "== install (incremental build in build/py)"
   local log rc=0
   log=$(mktemp)
-  python3 -m pip install -q --no-build-isolation --no-deps -C build-dir=build/py . >"$log" 2>&1 || rc=$?
+  python3 -m pip install -q --no-build-isolation --no-deps -C build-dir=build/py -C cmake.define.MOE_CPU_BUILD_TESTS=ON . \
+    >"$log" 2>&1 || rc=$?
   grep -v "Running pip as the 'root' user" "$log" || true
   rm -f "$log"
   [ $rc -eq 0 ] || { echo "the install failed ($rc): the stamp stays old" >&2; return 1; }
@@ -44,22 +46,10 @@ ctest_in() {
     cat "$log"; rm -f "$log"; echo "ctest failed in $dir" >&2; return 1
   fi
 }
-ctest_build() {
-  cmake -S . -B build/ctest -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null
-  cmake --build build/ctest -j "$JOBS" | tail -n 1
-}
-ctest_release() {  # $@: extra ctest arguments
-  ctest_build
-  ctest_in build/ctest "$@"
-}
 if [ "$MODE" = quick ]; then
-  # The extension and the C++ tests rebuild a changed file at the same time, one core each.
-  t=$SECONDS; ctest_build > build/quick_ctest_build.log 2>&1 & build=$!
-  install_if_changed
-  wait $build || { cat build/quick_ctest_build.log; echo "the C++ tests' build failed" >&2; exit 1; }
-  took "install and C++ build" $t
+  t=$SECONDS; install_if_changed; took "install and C++ build" $t
   echo "== C++ tests (Release; the ISA audit of the objects runs in the full run)"
-  t=$SECONDS; ctest_in build/ctest -E '^isa_audit$'; took ctest $t
+  t=$SECONDS; ctest_in build/py -E '^isa_audit$'; took ctest $t
   echo "== pytest, native level, without the slow tests (pytest-xdist, $JOBS workers of one thread)"
   t=$SECONDS
   (cd tests && OMP_NUM_THREADS=1 python3 -m pytest -q -p no:cacheprovider -m "not slow" -n "$JOBS" -p no:benchmark python)
@@ -69,8 +59,8 @@ if [ "$MODE" = quick ]; then
 fi
 
 install_if_changed
-echo "== C++ tests (Release)"
-t=$SECONDS; ctest_release; took "C++ Release" $t
+echo "== C++ tests (Release, build/py)"
+t=$SECONDS; ctest_in build/py; took "C++ Release" $t
 
 # Lane "builds": every other C++ build and what runs on it, beside the pytest levels below.
 builds_lane() {
@@ -80,7 +70,8 @@ builds_lane() {
   t=$SECONDS
   cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOE_CPU_SANITIZE=ON -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null
   cmake --build build/asan -j "$JOBS" | tail -n 1
-  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest_in build/asan
+  # The ISA audit reads the Release objects (above) and the Debug ones (test_emulated.sh): over these it took 5 minutes.
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest_in build/asan -E '^isa_audit$'
   took ASan $t
   echo "== C++ tests, AArch64 cross build under qemu-aarch64 -cpu max, once per forced ISA level (two at a time)"
   t=$SECONDS
@@ -107,12 +98,12 @@ builds_lane() {
 tsan_stage() {
   local t
   # The Stream's queue and hand-off under ThreadSanitizer (its tests' tasks run no OpenMP region, whose runtime
-  # TSan does not see).
+  # TSan does not see), built with only the code those tests run (moe_cpu_stream_tests: no kernel).
   echo "== C++ Stream tests under ThreadSanitizer"
   t=$SECONDS
   cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_CPU_TSAN=ON -DMOE_CPU_BUILD_PYTHON=OFF >/dev/null
-  cmake --build build/tsan -j "$JOBS" --target moe_cpu_tests | tail -n 1
-  TSAN_OPTIONS=halt_on_error=1 build/tsan/moe_cpu_tests --gtest_filter='Stream*' --gtest_brief=1 | tail -n 3
+  cmake --build build/tsan -j "$JOBS" --target moe_cpu_stream_tests | tail -n 1
+  TSAN_OPTIONS=halt_on_error=1 build/tsan/moe_cpu_stream_tests --gtest_filter='Stream*' --gtest_brief=1 | tail -n 3
   took TSan $t
 }
 asan_extension_stage() {
@@ -152,7 +143,7 @@ fi
 # Without AMX, the level amx still runs the amx kernels' own code where the CPU has the AVX-512 they need:
 # tests/amx_trap (built with the C++ tests) is preloaded, and its SIGILL handler runs each tile
 # instruction on the scalar tile model ("amx~trap" below).
-TRAP=$PWD/build/ctest/libmoe_cpu_amx_trap.so
+TRAP=$PWD/build/py/libmoe_cpu_amx_trap.so
 if ! grep -qw amx <<<"$LEVELS" && [ -f "$TRAP" ]; then
   why=$(cd tests && LD_PRELOAD=$TRAP python3 -c 'import moe_cpu; print(moe_cpu.cpu_features()["amx"])')
   if [[ $why == emulated:* ]]; then LEVELS="$LEVELS amx~trap"; else echo "note: no amx level here: $why"; fi

@@ -2,10 +2,10 @@
 
 For every kernel object file of a CMake build it finds the main register tile's function, takes the
 innermost loop (a backward branch) that holds the dot-product instructions, and counts what is in
-it. Used by docs/performance.md to explain speed figures. Needs a CMake build directory (scripts/test.sh makes
-build/ctest) and binutils' objdump (aarch64-linux-gnu-objdump for the Arm kernels).
+it. Used by docs/performance.md to explain speed figures. Needs a CMake build directory (scripts/setup.sh makes
+build/py) and binutils' objdump (aarch64-linux-gnu-objdump for the Arm kernels).
 
-    python bench/studies/inner_loop_mix.py build/ctest        # a CMake build directory (x86-64; the default)
+    python bench/studies/inner_loop_mix.py build/py           # a CMake build directory (x86-64; the default)
     python bench/studies/inner_loop_mix.py build/arm          # the AArch64 cross build (aarch64-linux-gnu-objdump)
     python bench/studies/inner_loop_mix.py --kernels w4a8_avx2                         # a quick check
 """
@@ -66,8 +66,8 @@ def loop_mix(obj: pathlib.Path, tile: str, objdump: str = "objdump"):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("build", nargs="?", default=str(ROOT / "build" / "ctest"),
-                    help="a CMake build directory (default: the repository's build/ctest)")
+    ap.add_argument("build", nargs="?", default=str(ROOT / "build" / "py"),
+                    help="a CMake build directory (default: the repository's build/py)")
     ap.add_argument("--kernels", default=",".join(TILES), help="kernel files, comma-separated (default: all)")
     a = ap.parse_args(argv)
     kernels = a.kernels.split(",")
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         ap.error(f"--kernels: unknown {bad[0]!r}; choose from {', '.join(TILES)}")
     build = pathlib.Path(a.build)
     if not build.is_dir():
-        ap.error(f"no build directory {build} (scripts/test.sh quick builds build/ctest)")
+        ap.error(f"no build directory {build} (scripts/setup.sh builds build/py)")
     found = {name: objs[0] for name in kernels for objs in [sorted(build.rglob(f"{name}.cpp.o"))] if objs}
     if not found:
         ap.error(f"no kernel object files ({', '.join(k + '.cpp.o' for k in kernels[:3])}, ...) under {build}")

@@ -242,8 +242,8 @@ def test_forms_whose_tiles_lose_stay_on_avx512_unless_every_expert_is_sent():
     with the trap preloaded and no MOE_CPU_AMX_MIN_ROWS; on AMX CPUs, each tile-data instruction)."""
     import json
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-    trap = os.path.join(root, "build", "ctest", "libmoe_cpu_amx_trap.so")
-    assert os.path.exists(trap), "the trap library is built with the C++ tests (scripts/test.sh builds build/ctest)"
+    trap = os.path.join(root, "build", "py", "libmoe_cpu_amx_trap.so")
+    assert os.path.exists(trap), "the trap library is built with the C++ tests (scripts/setup.sh builds them in build/py)"
     env = {k: v for k, v in os.environ.items() if k not in ("MOE_CPU_AMX_MIN_ROWS", "MOE_CPU_ISA", "LD_PRELOAD")}
     env["LD_PRELOAD"] = trap
     r = subprocess.run([sys.executable, "-c", TILE_COUNT], env=env, capture_output=True, text=True, timeout=600)

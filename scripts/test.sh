@@ -36,11 +36,12 @@ install_if_changed() {
   [ $rc -eq 0 ] || { echo "the install failed ($rc): the stamp stays old" >&2; return 1; }
   touch "$STAMP"
 }
-# Runs ctest on build dir $1 (more arguments: ctest's); prints its summary, or its whole log where a test failed.
+# Runs ctest on build dir $1 (more arguments: ctest's); prints its summary, or its whole log where a test failed. A
+# tree with no tests fails (a build/py configured without MOE_CPU_BUILD_TESTS would otherwise pass).
 ctest_in() {
   local dir=$1 log; shift
   log=$(mktemp)
-  if ctest --test-dir "$dir" --output-on-failure -j "$JOBS" "$@" >"$log" 2>&1; then
+  if ctest --test-dir "$dir" --output-on-failure --no-tests=error -j "$JOBS" "$@" >"$log" 2>&1; then
     grep -E "tests passed" "$log"; rm -f "$log"
   else
     cat "$log"; rm -f "$log"; echo "ctest failed in $dir" >&2; return 1

@@ -88,7 +88,7 @@ def kernel():
 
 
 def inner_loop_needs():
-    build = os.path.join(ROOT, "build", "ctest")
+    build = os.path.join(ROOT, "build", "py")
     if not os.path.isdir(build):
         return "no build directory"
     if not glob.glob(os.path.join(build, "**", f"{kernel()}.cpp.o"), recursive=True):

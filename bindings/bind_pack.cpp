@@ -185,6 +185,9 @@ void bind_pack(py::module_& m) {
                              "True when the kernel holds the group scales as d * int8 per run of 8 groups (K-quant and "
                              "IQ4_XS scales; the x86 int kernels, AMX int4): exact, 1.5 bytes per group and column instead of 4. "
                              "unpack() gives the same floats.")
+      .def_property_readonly("has_int_nibbles", [](const PackedExperts& p) { return p.int_nibbles; },
+                             "True when the kernel holds both integer forms in 4 bits (GGUF Q2_K's scales and mins on the "
+                             "AVX2 tier): two groups a byte, one fp16 d and dmin per 256, as the file. unpack() gives the same floats.")
       .def_property_readonly("code_bits", [](const PackedExperts& p) {
         return p.split_bits ? p.split_bits : p.scheme == Scheme::kInt4W4A8 ? 4 : p.scheme == Scheme::kBf16 ? 16 : 8;
       },

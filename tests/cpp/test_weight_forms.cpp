@@ -45,6 +45,7 @@ struct FormCase {
   bool kscales = false;
   int lo8 = -128, hi8 = 127;  // int8: the codes' range (narrow ones: split 2- to 6-bit codes on kernels that take them)
   bool top = false;           // int8: every code at hi8 but one at lo8, activations +-127 (the largest int16 sums of split codes)
+  bool q2k = false;           // scales and mins 4-bit integers times one d per 16 groups (GGUF Q2_K's 256): int_nibbles
 };
 const FormCase kForms[] = {
     {"Iq4nl_M1", true, kIq4nl, false, 1, 40, 256, 32},
@@ -88,6 +89,9 @@ const FormCase kForms[] = {
     {"Int8_6bit_G16_Top_M12", false, nullptr, false, 12, 48, 128, 16, false, false, -32, 31, true},
     {"Int8_2bit_G16_KScales_KMins_M1", false, nullptr, true, 1, 48, 256, 16, true, true, 0, 3},   // Q2_K
     {"Int8_2bit_G16_KScales_KMins_M9", false, nullptr, true, 9, 40, 512, 16, true, true, 0, 3},
+    {"Int8_2bit_G16_Q2K_M1", false, nullptr, true, 1, 48, 512, 16, true, true, 0, 3, false, true},  // Q2_K as files hold it
+    {"Int8_2bit_G16_Q2K_M9", false, nullptr, true, 9, 40, 320, 16, true, true, 0, 3, false, true},  // 20 groups: a short span
+    {"Int8_2bit_G16_Q2K_Top_M6", false, nullptr, true, 6, 32, 512, 16, true, true, 0, 3, true, true},
     {"Int8_3bit_G16_KScales_M6", false, nullptr, false, 6, 40, 256, 16, false, true, -4, 3},       // Q3_K
     {"Int8_3bit_G32_M9", false, nullptr, false, 9, 40, 256, 32, false, false, -4, 3},
     {"Int8_3bit_G16_M1", false, nullptr, false, 1, 48, 256, 16, false, false, -4, 3},            // 3-bit decode
@@ -147,30 +151,34 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
       const auto dmin = test::gaussian(g, size_t(E * N * G), 0.01f);
       const auto m6 = test::ints(g, size_t(E * N * G), 0, 63);
       for (int64_t i = 0; i < E * N * G; ++i) {
-        const int64_t run = (i / G) * G + (i % G) / 8 * 8;
+        const int64_t run = (i / G) * G + (i % G) / (c.q2k ? 16 : 8) * (c.q2k ? 16 : 8);
         int ex = 0;  // dmin an fp16 value (11 significant bits, >= 2^-14), as a K-quant's: the products are exact
         const float mant = std::frexp(float(dmin[size_t(run)]), &ex);
         const float d11 = std::ldexp(std::round(std::ldexp(mant, 11)), std::max(ex, -13) - 11);
-        mn[size_t(i)] = (run / 8) % 5 == 3 ? 0.f : d11 * float(m6[size_t(i)]);
+        mn[size_t(i)] = (run / 8) % 5 == 3 ? 0.f : d11 * float(c.q2k ? m6[size_t(i)] % 16 : m6[size_t(i)]);
       }
     }
     if (c.kscales) {  // one d per (row, run of 8 groups), an fp16 value (11 significant bits, >= 2^-14), times small integers
       const auto d = test::gaussian(g, size_t(E * N * G), 0.1f);
-      const auto sc = c.mins ? test::ints(g, size_t(E * N * G), 0, 63) : test::ints(g, size_t(E * N * G), -32, 31);
+      const auto sc = c.q2k ? test::ints(g, size_t(E * N * G), 0, 15)
+                      : c.mins ? test::ints(g, size_t(E * N * G), 0, 63) : test::ints(g, size_t(E * N * G), -32, 31);
       for (int64_t i = 0; i < E * N * G; ++i) {
-        const int64_t run = (i / G) * G + (i % G) / 8 * 8;
+        const int64_t run = (i / G) * G + (i % G) / (c.q2k ? 16 : 8) * (c.q2k ? 16 : 8);
         int ex = 0;
         const float mant = std::frexp(float(d[size_t(run)]), &ex);
         s[size_t(i)] = std::ldexp(std::round(std::ldexp(mant, 11)), std::max(ex, -13) - 11) * float(sc[size_t(i)]);
       }
     }
-    if (extremes) std::fill(s.begin(), s.end(), 1.0f);
+    if (extremes && !c.q2k) std::fill(s.begin(), s.end(), 1.0f);
+    if (c.top && c.q2k)  // the largest 4-bit scales and mins (d, dmin 1: each span's first group 1, the others 15)
+      for (int64_t i = 0; i < E * N * G; ++i) s[size_t(i)] = mn[size_t(i)] = (i % G) % 16 ? 15.f : 1.f;
     PackedExperts p = c.int4 ? pack_int4(q.data(), E, N, K, s.data(), c.group, nullptr, c.codebook, c.mins ? mn.data() : nullptr, a16)
                              : pack_int8(q.data(), E, N, K, s.data(), c.group, c.mins ? mn.data() : nullptr, a16);
     if (kd->supports && !kd->supports(p)) continue;
     set_kernel(p, kd);
     if (c.kquant) EXPECT_EQ(p.imin_groups, kd->int_mins || p.split_bits ? 8 : 0) << "integer mins";
     if (c.kscales) EXPECT_EQ(p.iscale_groups, kd->int_scales ? 8 : 0) << "integer scales";
+    if (c.q2k) EXPECT_EQ(p.int_nibbles, kd->int_nibbles) << "4-bit integer forms";
     const int span = c.hi8 - c.lo8;
     if (!c.int4 && c.lo8 > -128)
       EXPECT_EQ(p.split_bits, !kd->split_codes ? 0 : span < 4 ? 2 : span < 8 && kd->split3 ? 3 : span < 16 ? 4 : span < 32 && c.group == 32 ? 5 : 6)
@@ -370,6 +378,38 @@ TEST_P(WeightFormTest, ActivationBlocksMatchDequantizedMath) {
 
 INSTANTIATE_TEST_SUITE_P(IntKernels, WeightFormTest, ::testing::ValuesIn(int_kernels()),
                          [](const auto& info) { return std::string(info.param->name); });
+
+// The 4-bit integer forms leave for the floats when the kernel does not read them and come back when it does:
+// the same scale() / min() floats and the file's bytes (84 per 256 weights) each time.
+TEST(WeightForms, Q2kNibblesFollowTheKernel) {
+  const KernelDesc *nib = nullptr, *other = nullptr;
+  for (const KernelDesc* kd : all_kernels()) {
+    if (kd->scheme != Scheme::kInt8W8A8 || (kd->features & active_features()) != kd->features) continue;
+    if (kd->int_nibbles && !nib) nib = kd;
+    if (std::string(kd->isa) == "reference") other = kd;
+  }
+  ASSERT_NE(other, nullptr);
+  if (!nib) GTEST_SKIP() << "no kernel takes the 4-bit forms in this build";
+  const int64_t E = 2, N = 32, K = 512, G = K / 16;
+  auto g = test::rng_for_test();
+  const auto q = test::ints(g, size_t(E * N * K), 0, 3), sc = test::ints(g, size_t(E * N * G), 0, 15), m = test::ints(g, size_t(E * N * G), 0, 15);
+  std::vector<float> s(sc.size()), mn(m.size());
+  for (size_t i = 0; i < s.size(); ++i) s[i] = float(sc[i]) * 0x1p-9f * float(1 + (i / 16) % 3), mn[i] = float(m[i]) * 0x1p-10f;
+  PackedExperts p = pack_int8(q.data(), E, N, K, s.data(), 16, mn.data(), false);
+  for (const KernelDesc* kd : {nib, other, nib}) {
+    set_kernel(p, kd);
+    SCOPED_TRACE(kd->name);
+    EXPECT_EQ(p.int_nibbles, kd == nib);
+    if (kd == nib) EXPECT_EQ(p.nbytes(), size_t(E * N * K / 256 * 84));
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t gi = 0; gi < G; ++gi) {
+          const size_t i = size_t((e * N + n) * G + gi);
+          ASSERT_EQ(p.scale(e, n, gi), s[i]) << e << " " << n << " " << gi;
+          ASSERT_EQ(p.min(e, n, gi), mn[i]) << e << " " << n << " " << gi;
+        }
+  }
+}
 
 TEST(WeightForms, PackRejectsBadForms) {
   const int64_t E = 1, N = 4, K = 64;

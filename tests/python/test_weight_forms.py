@@ -266,8 +266,8 @@ def check_layer_and_file(rng, tmp_path, w13, w2, k, form):
     assert_close(out, ref.fused_experts_ref(x, r13, r2, tw, ids), "int4_w4a8", form)
     p13.save(tmp_path / "w.moe")
     back = moe_cpu.load_packed(tmp_path / "w.moe")
-    assert (back.has_int_mins, back.has_int_scales, back.code_bits, back.nbytes) == \
-        (p13.has_int_mins, p13.has_int_scales, p13.code_bits, p13.nbytes)
+    assert (back.has_int_mins, back.has_int_scales, back.has_int_nibbles, back.code_bits, back.nbytes) == \
+        (p13.has_int_mins, p13.has_int_scales, p13.has_int_nibbles, p13.code_bits, p13.nbytes)
     np.testing.assert_array_equal(back.unpack(), p13.unpack())
     np.testing.assert_array_equal(moe_cpu.fused_experts(x, back, p2, tw, ids), out)
 
@@ -406,6 +406,80 @@ def test_narrow_int8_codes_run_split(rng, tmp_path, form, bits):
     out1 = np.concatenate([moe_cpu.fused_experts(x[i:i + 1], p13, p2, tw[i:i + 1], ids[i:i + 1]) for i in range(4)])
     np.testing.assert_array_equal(out1, out[:4])   # decode (one row) and row tiles give the same bits
     check_layer_and_file(rng, tmp_path, (r13, p13), (r2, p2), k, form)
+
+
+def q2k_file_weights(rng, E, N, K, sc_top=15):
+    """Q2_K as the file holds it: codes 0..3 in groups of 16, scales d * sc and mins dmin * m with one fp16 d and
+    dmin per 256 (a span of 16 groups) and 4-bit sc, m (sc up to sc_top); one span's scales all zero, one d zero."""
+    G = K // 16
+    spans = -(-G // 16)
+    d = (rng.uniform(0.5, 1.5, (E, N, spans, 1)) / (4 * 15 * np.sqrt(K))).astype(np.float16).astype(np.float32)
+    dm = (rng.uniform(0.2, 1.0, (E, N, spans, 1)) / (4 * 15 * np.sqrt(K))).astype(np.float16).astype(np.float32)
+    d.reshape(-1)[3] = 0
+    sc = rng.integers(0, sc_top + 1, (E, N, spans, 16)).astype(np.float32)
+    sc.reshape(-1, 16)[5] = 0
+    s = np.ascontiguousarray((d * sc).reshape(E, N, -1)[:, :, :G], np.float32)
+    m = np.ascontiguousarray((dm * rng.integers(0, 16, (E, N, spans, 16))).reshape(E, N, -1)[:, :, :G], np.float32)
+    q = rng.integers(0, 4, (E, N, K)).astype(np.int8)
+    return ref.RefWeights.int8(q, s, 16, mins=m), moe_cpu.pack_int8(q, s, 16, mins=m)
+
+
+@pytest.mark.parametrize("H", [320, 512])
+def test_q2k_scales_and_mins_in_four_bits_on_avx2(rng, tmp_path, H):
+    """Q2_K's scales and mins (4-bit sc, m with a d and dmin per 256) stay in 4 bits on the AVX2 tier: the packed
+    experts take the file's 84 bytes per 256 weights (H = 512; 320: 20 groups, a span of 16 and a short one), unpack
+    to the same floats, and run against the reference, a row alone as among others, and through a file."""
+    E, k, I = 3, 2, 64
+    r13, p13 = q2k_file_weights(rng, E, 2 * I, H)
+    nib = p13.kernel.startswith("w8a8_avx2_")
+    assert p13.has_int_nibbles == nib and p13.code_bits == (2 if split_code_kernel(p13) else 8)
+    if nib:
+        NB, runs = 2 * I // 16, -(-H // 16 // 8)
+        pairs, spans = runs * 4, -(-runs // 2)
+        assert p13.nbytes == E * NB * 16 * (H // 4 + 2 * pairs + 2 * 2 * spans)
+        if H % 256 == 0:
+            assert p13.nbytes == E * 2 * I * (H // 256) * 84   # the GGUF blocks' bytes
+    bits = lambda a: np.ascontiguousarray(a, np.float32).view(np.uint32)
+    d = p13.unpack_quantized()
+    np.testing.assert_array_equal(bits(d["scales"]), bits(r13.scales))
+    np.testing.assert_array_equal(bits(d["mins"]), bits(r13.mins))
+    np.testing.assert_array_equal(p13.unpack(), r13.codes.astype(np.float32) * np.repeat(r13.scales, 16, axis=2) -
+                                  np.repeat(r13.mins, 16, axis=2))
+    r2, p2 = form_weights(rng, "q6k", E, H, I)
+    x = make_input(rng, 37, H)
+    tw, ids = make_routing(rng, 37, E, k)
+    out = moe_cpu.fused_experts(x, p13, p2, tw, ids)
+    out1 = np.concatenate([moe_cpu.fused_experts(x[i:i + 1], p13, p2, tw[i:i + 1], ids[i:i + 1]) for i in range(4)])
+    np.testing.assert_array_equal(out1, out[:4])
+    check_layer_and_file(rng, tmp_path, (r13, p13), (r2, p2), k, "q2k")
+
+
+@pytest.mark.parametrize("act_block", [32, 64, 128, 256])
+def test_q2k_four_bit_forms_take_every_activation_block(rng, act_block):
+    """The 4-bit forms against activation blocks of 2, 4, 8 and 16 groups: the reference's values, and a row's bits
+    alone (decode) as in the row tiles."""
+    E, k, H, I, M = 2, 2, 512, 64, 19
+    r13, _ = q2k_file_weights(rng, E, 2 * I, H)
+    p13 = moe_cpu.pack_int8(r13.codes, r13.scales, 16, mins=r13.mins, act_block=act_block)
+    r13 = ref.RefWeights.int8(r13.codes, r13.scales, 16, mins=r13.mins, act_block=act_block)
+    assert p13.has_int_nibbles == p13.kernel.startswith("w8a8_avx2_") and p13.act_block == act_block
+    r2, p2 = form_weights(rng, "q6k", E, H, I)
+    x = make_input(rng, M, H)
+    tw, ids = make_routing(rng, M, E, k)
+    many = moe_cpu.fused_experts(x, p13, p2, tw, ids)
+    assert_close(many, ref.fused_experts_ref(x, r13, r2, tw, ids), "int8_w8a8", f"q2k B={act_block}")
+    for m in (0, M - 1):
+        np.testing.assert_array_equal(moe_cpu.fused_experts(x[m:m + 1], p13, p2, tw[m:m + 1], ids[m:m + 1])[0], many[m])
+
+
+def test_q2k_scales_beyond_four_bits_stay_int8(rng, tmp_path):
+    """Scales of 5 bits (sc up to 31) do not fit the 4-bit form: int8 integer scales, the same values and outputs."""
+    E, k, H, I = 3, 2, 512, 64
+    r13, p13 = q2k_file_weights(rng, E, 2 * I, H, sc_top=31)
+    assert not p13.has_int_nibbles
+    assert p13.has_int_scales == int_scale_kernel(p13)
+    r2, p2 = form_weights(rng, "q6k", E, H, I)
+    check_layer_and_file(rng, tmp_path, (r13, p13), (r2, p2), k, "q2k")
 
 
 def test_every_fp16_scale_unpacks_as_numpy_widens_it():

@@ -86,6 +86,10 @@ struct PackedExperts {
   // reads 1.25 bytes of scale per group and column instead of 4; `scales` is dropped (scale() recomputes them).
   AlignedBuffer iscales, dscales;
   int64_t iscale_groups = 0;  // 0: float scales, else kIMinRun
+  // Both integer forms in 4 bits (GGUF Q2_K's sc and m, for a kernel with KernelDesc::int_nibbles, when every span of
+  // 2 runs factors as one fp16 d times integers in [0, 15]): two groups a byte, one d and one dmin per column and span
+  // (ggml's per 256), 2.625 bits a weight with 2-bit codes, as the file (layout: cpp/src/moe/int_forms.h).
+  bool int_nibbles = false;
   // fp16 scales (int schemes, for a kernel with KernelDesc::half_scales, when every scale is exactly an fp16 value,
   // as GGUF's Q4_0 / Q8_0 / Q5_0 / IQ4_NL d are): `scales` holds fp16 codes in the same order, 2 bytes a group and
   // column instead of 4 (Q4_0: 4.5 bits a weight, as ggml's blocks). derive_half_scales, int_forms.cpp.

@@ -74,6 +74,7 @@ struct KernelDesc {
   bool split_codes = false;  // int8: takes split 2- to 6-bit codes (PackedExperts::split_bits), and with them integer mins
   bool qword_panels = false;  // int4: takes qword panels (PackedExperts::qword_panels)
   bool split3 = false;        // split codes: takes 3-bit ones (without: codes of 8 values take 4 bits)
+  bool int_nibbles = false;   // split codes: takes 2-bit ones' integer scales and mins in 4 bits (PackedExperts::int_nibbles)
 };
 
 // Best registered kernel for `w` (scheme and shape set) under the active features; the

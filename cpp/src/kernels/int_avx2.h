@@ -56,6 +56,11 @@ inline void dpbusd_ymm(__m256i& acc, __m256i u8, __m256i s8) {
 
 // 8 columns' int8 imin pairs at m as int16 pairs in 8 int32 lanes.
 inline __m256i imin_pair8(const int8_t* m) { return _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(m))); }
+// The same from the 4-bit form: 8 columns' bytes at m, the even group's nibble low, the odd group's high.
+inline __m256i imin_pair8_nib(const uint8_t* m) {
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)), low4 = _mm_set1_epi8(0x0f);
+  return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_and_si128(v, low4), _mm_and_si128(_mm_srli_epi16(v, 4), low4)));
+}
 
 // The fp32 scale and min of (panel j, group gi, columns c8..c8+7), from where the weights hold them: a
 // column block's values built once for its row tiles (ActRows::blk_*, by int4_avx2_gemm), fp16 scales
@@ -103,8 +108,11 @@ void int_mins_term_rows(const IntForms& f, const int16_t* const* as, const float
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) sum[r] = _mm256_setzero_ps();
     for (int64_t s = 0; s < f.runs; ++s) {
       __m256i pr[kIMinRun / 2];
-      _Pragma("GCC unroll 4") for (int q = 0; q < kIMinRun / 2; ++q) pr[q] = imin_pair8(f.imn_pair(j, s * (kIMinRun / 2) + q) + 2 * c8);
-      const __m256 dm = half8(f.dmn_run(j, s) + c8);
+      _Pragma("GCC unroll 4") for (int q = 0; q < kIMinRun / 2; ++q) {
+        const int64_t p = s * (kIMinRun / 2) + q;
+        pr[q] = f.nib ? imin_pair8_nib(f.nib_mn(j, p) + c8) : imin_pair8(f.imn_pair(j, p) + 2 * c8);
+      }
+      const __m256 dm = half8((f.nib ? f.nib_dmin(j, s) : f.dmn_run(j, s)) + c8);
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
         __m256 x;
         _Pragma("GCC unroll 4") for (int k = 0; k < kIMinRun / kNB; ++k) {

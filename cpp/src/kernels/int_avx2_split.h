@@ -220,7 +220,20 @@ __attribute__((always_inline)) inline __m256i split_zero_scales(__m256i m, __m25
   if constexpr (!kZc) return m;
   return _mm256_and_si256(_mm256_mullo_epi16(m, zc16), _mm256_set1_epi32(0xffff));
 }
-template <int kBits, int kS, int kBlk, bool kMins, bool kZc, int kNB>
+// The 4-bit forms (kNib, PackedExperts::int_nibbles): run_scales of group gi's nibbles, 8 columns at p, or both
+// halves' 16 (m[0], m[1]).
+__attribute__((always_inline)) inline __m128i nibbles_of(__m128i v, int64_t gi) {
+  return _mm_and_si128(_mm_srl_epi16(v, _mm_cvtsi32_si128(int(4 * (gi % 2)))), _mm_set1_epi8(0x0f));
+}
+__attribute__((always_inline)) inline __m256i run_scales_nib8(const uint8_t* p, int64_t gi) {
+  const __m128i v = nibbles_of(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), gi);
+  return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v, v));
+}
+__attribute__((always_inline)) inline void run_scales_nib16(const uint8_t* p, int64_t gi, __m256i* m) {
+  const __m128i v = nibbles_of(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), gi);
+  m[0] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v, v)), m[1] = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(v, v));
+}
+template <int kBits, int kS, int kBlk, bool kMins, bool kZc, int kNB, bool kNib = false>
 struct IntAvx2SplitRuns {
   using U = SplitBits<kBits>;
   // One row, column block b: the row tiles' integers and fp32 operations in their order.
@@ -243,7 +256,9 @@ struct IntAvx2SplitRuns {
         const uint8_t* gn = pn + gi * U::low_bytes(kS);
         const uint8_t* gh = ph + gi * U::high_bytes(kS);
         U::template prefetch<kS>(gn, gh);
-        const __m256i m[2] = {run_scales(r.forms.isc_at(0, gi)), run_scales(r.forms.isc_at(0, gi) + 8)};
+        __m256i m[2];
+        if constexpr (kNib) run_scales_nib16(r.forms.nib_sc(0, gi), gi, m);
+        else m[0] = run_scales(r.forms.isc_at(0, gi)), m[1] = run_scales(r.forms.isc_at(0, gi) + 8);
         if constexpr (kZc) {
           const __m256i as = _mm256_set1_epi32(r.asr[gi]);
           _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
@@ -261,7 +276,7 @@ struct IntAvx2SplitRuns {
         });
       }
       _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
-        acc[h] = run_epilogue<kBlk>(isum[h], r.bsr, gb, half8(r.forms.dsc_at(0, g0) + h * 8), acc[h]);
+        acc[h] = run_epilogue<kBlk>(isum[h], r.bsr, gb, half8((kNib ? r.forms.nib_d(0, g0) : r.forms.dsc_at(0, g0)) + h * 8), acc[h]);
     }
     r.store(w, b, a, acc, kMins ? corr : nullptr, c);
   }
@@ -288,14 +303,14 @@ struct IntAvx2SplitRuns {
         __m256 acc[MR];
         _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
         for (int64_t gb = 0; gb < G; gb += kNB) {  // the blocks of each run in order
-          const __m256 d = half8(forms.dsc_at(0, gb - gb % kIMinRun) + h * 8);
+          const __m256 d = half8((kNib ? forms.nib_d(0, gb) : forms.dsc_at(0, gb - gb % kIMinRun)) + h * 8);
           __m256i isum[MR];
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
           for (int64_t gi = gb; gi < std::min(G, gb + kNB); ++gi) {
             pf.steps(kS), pfh.steps(kS);
             const uint8_t* gn = pn + gi * U::low_bytes(kS) + h * 32;
             const uint8_t* gh = ph + gi * U::high_bytes(kS) + h * 32;
-            const __m256i m = run_scales(forms.isc_at(0, gi) + h * 8);
+            const __m256i m = kNib ? run_scales_nib8(forms.nib_sc(0, gi) + h * 8, gi) : run_scales(forms.isc_at(0, gi) + h * 8);
             [[maybe_unused]] const __m256i mz = split_zero_scales<kZc>(m, zc16);
             __m256i lo[kS], hi[kS];
             split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
@@ -324,9 +339,11 @@ struct IntAvx2SplitRuns {
     }
   };
 };
-template <int kBits, int kS, int kBlk, bool kMins, bool kZc, int kNB>
+template <int kBits, int kS, int kBlk, bool kMins, bool kZc, int kNB, bool kNib = false>
 void split_runs_nb(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
-  using T = IntAvx2SplitRuns<kBits, kS, kBlk, kMins, kZc, kNB>;
+  if constexpr (!kNib && kBits == 2 && kS == 2 && kMins && !kZc)  // Q2_K's 4-bit scales and mins (int_nibbles)
+    if (w.int_nibbles) return split_runs_nb<kBits, kS, kBlk, kMins, kZc, kNB, true>(w, e, b0, b1, a, c, ldc);
+  using T = IntAvx2SplitRuns<kBits, kS, kBlk, kMins, kZc, kNB, kNib>;
   if (a.rows == 1) {
     for (int64_t b = b0; b < b1; ++b) T::decode(w, e, b, a, c + (b - b0) * 16);
     return;
@@ -364,6 +381,8 @@ void split_tiles(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, cons
 template <int kBits, int kBlk, int kS>
 void int8_avx2_split_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c,
                              int64_t ldc) {
+  // (4-bit forms always fit: derive_int_nibbles takes 2-bit codes in groups of 16 with both integer forms, which every
+  // A8 activation block nests with)
   if (split_runs_fit(w, a)) return split_runs<kBits, kS, kBlk>(w, e, b0, b1, a, c, ldc);
   if (a.rows == 1) {
     for (int64_t b = b0; b < b1; ++b) IntAvx2Split<kBits, kBlk, kS>::decode(w, e, b, a, c + (b - b0) * 16);

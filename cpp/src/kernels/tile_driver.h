@@ -140,12 +140,28 @@ struct IntFormBlock {
   const int8_t* imn = nullptr;
   const uint16_t* dmn = nullptr;  // fp16 dmin per run
   int64_t runs, P2;  // runs of kIMinRun groups; pairs of groups (whole runs)
-  IntFormBlock(const PackedExperts& w, int64_t e, int64_t b, int64_t G) : runs(int_form_runs(G)), P2(runs * (kIMinRun / 2)) {
+  // The 4-bit forms (PackedExperts::int_nibbles): isc / imn then point at nibble pairs and dsc / dmn at one d per span
+  // (read only through the nib_* accessors below, by the kernels that take them).
+  bool nib;
+  int64_t spans;
+  IntFormBlock(const PackedExperts& w, int64_t e, int64_t b, int64_t G)
+      : runs(int_form_runs(G)), P2(runs * (kIMinRun / 2)), nib(w.int_nibbles), spans(int_nibble_spans(G)) {
     const int64_t eb = e * w.num_blocks() + b;
     if (w.half_scales) hsc = w.scales.as<uint16_t>();
+    if (nib) {
+      isc = w.iscales.as<int8_t>() + nibble_block(eb, P2), dsc = w.dscales.as<uint16_t>() + nibble_d_block(eb, spans);
+      imn = w.imins.as<int8_t>() + nibble_block(eb, P2), dmn = w.dmins.as<uint16_t>() + nibble_d_block(eb, spans);
+      return;
+    }
     if (w.iscale_groups) isc = w.iscales.as<int8_t>() + iscale_block(eb, runs), dsc = w.dscales.as<uint16_t>() + int_d_block(eb, runs);
     if (w.imin_groups) imn = w.imins.as<int8_t>() + imin_block(eb, P2), dmn = w.dmins.as<uint16_t>() + int_d_block(eb, runs);
   }
+  // 4-bit forms: the 16 bytes of panel j's scales / mins of the pair of groups (gi even, gi + 1), and the d / dmin of
+  // group gi's span.
+  const uint8_t* nib_sc(int64_t j, int64_t gi) const { return reinterpret_cast<const uint8_t*>(isc) + (j * P2 + gi / 2) * 16; }
+  const uint8_t* nib_mn(int64_t j, int64_t pair) const { return reinterpret_cast<const uint8_t*>(imn) + (j * P2 + pair) * 16; }
+  const uint16_t* nib_d(int64_t j, int64_t gi) const { return dsc + (j * spans + gi / kNibbleSpan) * 16; }
+  const uint16_t* nib_dmin(int64_t j, int64_t run) const { return dmn + (j * spans + run / 2) * 16; }
   const int8_t* isc_at(int64_t j, int64_t gi) const { return isc + (j * runs * kIMinRun + gi) * 16; }
   const uint16_t* dsc_at(int64_t j, int64_t gi) const { return dsc + (j * runs + gi / kIMinRun) * 16; }
   const int8_t* imn_pair(int64_t j, int64_t pair) const { return imn + (j * P2 + pair) * 32; }  // [16][2]
@@ -183,10 +199,12 @@ struct GroupSidePrefetch {
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
       const int64_t si = sx(j, ga);
       if (scales) __builtin_prefetch(scales + si * scale_bytes, 0, 3);
+      else if (f.nib) __builtin_prefetch(f.nib_sc(j, ga), 0, 3), __builtin_prefetch(f.nib_d(j, ga), 0, 3);
       else __builtin_prefetch(f.isc_at(j, ga), 0, 3), __builtin_prefetch(f.dsc_at(j, ga), 0, 3);
       if (mins) __builtin_prefetch(mins + si, 0, 3);
       if (zeros) __builtin_prefetch(zeros + si, 0, 3);
-      if (imins) __builtin_prefetch(f.imn_pair(j, ga / 2), 0, 3), __builtin_prefetch(f.dmn_run(j, ga / kIMinRun), 0, 3);
+      if (imins && f.nib) __builtin_prefetch(f.nib_mn(j, ga / 2), 0, 3), __builtin_prefetch(f.nib_dmin(j, ga / kIMinRun), 0, 3);
+      else if (imins) __builtin_prefetch(f.imn_pair(j, ga / 2), 0, 3), __builtin_prefetch(f.dmn_run(j, ga / kIMinRun), 0, 3);
     }
   }
 };

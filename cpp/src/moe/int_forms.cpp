@@ -25,7 +25,8 @@ bool factor_run(const float* v, int n, int32_t mlo, int32_t mhi, int cmax, uint1
   for (int j = 0; j < n; ++j)
     if (v[j] != 0.f && (a == 0.f || std::fabs(v[j]) < std::fabs(a))) a = v[j];
   if (a == 0.f) {  // all zero (a zero d): d = +0, and m = -1 gives -0 (-1 * +0), m = 0 gives +0
-    if (mlo > -1) return false;
+    for (int j = 0; j < n; ++j)
+      if (std::signbit(v[j]) && mlo > -1) return false;
     *h = 0;
     for (int j = 0; j < n; ++j) m[j] = std::signbit(v[j]) ? I(-1) : I(0);
     return true;
@@ -50,12 +51,11 @@ bool factor_run(const float* v, int n, int32_t mlo, int32_t mhi, int cmax, uint1
   return false;
 }
 
-// Factors every run of kIMinRun groups of every column of p: value(e, n, gi) = float(m) * d (factor_run
+// Factors every run of S groups of every column of p: value(e, n, gi) = float(m) * d (factor_run
 // with m in [mlo, mhi], cmax). Calls put(e, n, run, d (fp16 code), m, count) per run; false as soon as one does not
 // factor.
-template <class I, class Value, class Put>
+template <class I, int64_t S = kIMinRun, class Value, class Put>
 bool factor_runs(const PackedExperts& p, int32_t mlo, int32_t mhi, int cmax, Value value, Put put) {
-  constexpr int64_t S = kIMinRun;
   const int64_t G = p.num_groups(), NB = p.num_blocks(), N = p.out_features, runs = (G + S - 1) / S;
   std::atomic<bool> ok{true};
   parallel_for(p.num_experts * NB, [&](int64_t eb) {
@@ -138,6 +138,39 @@ static void derive_int_scales(PackedExperts& p) {
   p.scales = AlignedBuffer(), p.half_scales = false;
 }
 
+// Puts both integer forms in 4 bits when p.kernel takes them (2-bit split codes in groups of 16 with mins: GGUF
+// Q2_K), and every span of kNibbleSpan groups of scales, and of mins, factors as one fp16 d times integers in [0, 15]
+// (a no-op otherwise).
+static void derive_int_nibbles(PackedExperts& p) {
+  constexpr int64_t S = kNibbleSpan;
+  if (!p.kernel || !p.kernel->int_nibbles || p.int_nibbles || p.split_bits != 2 || p.group_len() != 16 || !p.has_mins ||
+      !p.iscale_groups || !p.imin_groups)
+    return;
+  const int64_t NB = p.num_blocks(), pairs = imin_pairs(p), spans = int_nibble_spans(p.num_groups());
+  AlignedBuffer f[2], d[2];  // scales, mins
+  for (int i = 0; i < 2; ++i) {
+    f[i] = AlignedBuffer(size_t(p.num_experts * NB * pairs * 16)), d[i] = AlignedBuffer(size_t(p.num_experts * NB * spans * 16) * 2);
+    std::memset(f[i].data(), 0, f[i].size());
+    std::memset(d[i].data(), 0, d[i].size());
+    const bool ok = factor_runs<int8_t, S>(
+        p, 0, 15, 15, [&](int64_t e, int64_t n, int64_t gi) { return i ? p.min(e, n, gi) : p.scale(e, n, gi); },
+        [&](int64_t e, int64_t n, int64_t r, uint16_t h, const int8_t* m, int cnt) {
+          d[i].as<uint16_t>()[nibble_d_index(p, e, n, r)] = h;
+          for (int j = 0; j < cnt; ++j) f[i].as<uint8_t>()[nibble_index(p, e, n, r * S + j)] |= uint8_t(m[j] << (4 * (j % 2)));
+        });
+    if (!ok) return;
+  }
+  p.iscales = std::move(f[0]), p.dscales = std::move(d[0]), p.imins = std::move(f[1]), p.dmins = std::move(d[1]);
+  p.int_nibbles = true;
+}
+
+// Back to the floats from the 4-bit forms (a kernel that does not read them).
+static void join_int_nibbles(PackedExperts& p) {
+  p.scales = float_scales(p), p.mins = float_mins(p);
+  p.iscales = AlignedBuffer(), p.dscales = AlignedBuffer(), p.imins = AlignedBuffer(), p.dmins = AlignedBuffer();
+  p.iscale_groups = p.imin_groups = 0, p.int_nibbles = false;
+}
+
 // Stores the scales as fp16 when p.kernel takes them, they are not integer, and every one is exactly an fp16 value
 // (a no-op otherwise).
 static void derive_half_scales(PackedExperts& p) {
@@ -159,10 +192,16 @@ static void derive_half_scales(PackedExperts& p) {
 float PackedExperts::half_scale(int64_t i) const { return half_to_float(scales.as<uint16_t>()[i]); }
 
 float PackedExperts::int_scale(int64_t e, int64_t n, int64_t gi) const {
+  if (int_nibbles)
+    return half_to_float(dscales.as<uint16_t>()[nibble_d_index(*this, e, n, gi / kNibbleSpan)]) *
+           float((iscales.as<uint8_t>()[nibble_index(*this, e, n, gi)] >> (4 * (gi % 2))) & 15);
   return half_to_float(dscales.as<uint16_t>()[int_d_index(*this, e, n, gi / kIMinRun)]) * float(iscales.as<int8_t>()[iscale_index(*this, e, n, gi)]);
 }
 
 float PackedExperts::int_min(int64_t e, int64_t n, int64_t gi) const {
+  if (int_nibbles)
+    return half_to_float(dmins.as<uint16_t>()[nibble_d_index(*this, e, n, gi / kNibbleSpan)]) *
+           float((imins.as<uint8_t>()[nibble_index(*this, e, n, gi)] >> (4 * (gi % 2))) & 15);
   return half_to_float(dmins.as<uint16_t>()[int_d_index(*this, e, n, gi / kIMinRun)]) * float(imins.as<int8_t>()[imin_index(*this, e, n, gi)]);
 }
 
@@ -172,6 +211,7 @@ AlignedBuffer float_scales(const PackedExperts& p) {
 
 void set_kernel(PackedExperts& p, const KernelDesc* kd) {
   p.kernel = kd;
+  if (p.int_nibbles && (!kd->int_nibbles || !kd->split_codes)) join_int_nibbles(p);
   if (p.split_bits && (!kd->split_codes || (p.split_bits == 3 && !kd->split3))) join_split_codes(p);
   if (kd->split_codes) derive_split_codes(p, kd->split3);  // first: split codes take integer mins
   if (p.qword_panels && !kd->qword_panels) join_qword_panels(p);
@@ -182,6 +222,7 @@ void set_kernel(PackedExperts& p, const KernelDesc* kd) {
   if (p.half_scales && !kd->half_scales) p.scales = float_scales(p), p.half_scales = false;
   derive_int_mins(p);
   derive_int_scales(p);
+  derive_int_nibbles(p);
   derive_half_scales(p);
 }
 

@@ -4,8 +4,10 @@
 //   iscales int8 [E][NB][runs * kIMinRun][16] and dscales fp16 [E][NB][runs][16];
 //   imins int8 [E][NB][pairs = runs * kIMinRun / 2][16][2] and dmins fp16 [E][NB][runs][16] (kernels widen a pair of
 //   int8 to the int16 pair that meets an int16 code-sum pair in vpmaddwd / vpdpwssd);
-// runs = ceil(G / kIMinRun), the last run zero-padded. The index arithmetic below is the one copy: the
-// packers, scale() / min() and the kernels' IntFormBlock use it.
+// runs = ceil(G / kIMinRun), the last run zero-padded. In 4 bits (PackedExperts::int_nibbles, GGUF Q2_K):
+//   iscales and imins uint8 [E][NB][pairs][16], group 2p in the low nibble of byte (p, n), 2p + 1 in the high one;
+//   dscales and dmins fp16 [E][NB][spans = ceil(runs / 2)][16], one per span of kNibbleSpan groups.
+// The index arithmetic below is the one copy: the packers, scale() / min() and the kernels' IntFormBlock use it.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -45,6 +47,20 @@ inline int64_t int_d_index(const PackedExperts& p, int64_t e, int64_t n, int64_t
 inline int64_t imin_index(const PackedExperts& p, int64_t e, int64_t n, int64_t gi) {
   const int64_t pairs = int_form_runs(p.num_groups()) * (kIMinRun / 2);
   return imin_block(e * p.num_blocks() + n / 16, pairs) + ((gi / 2) * 16 + n % 16) * 2 + gi % 2;
+}
+
+// The 4-bit forms: groups per d (two runs), spans of a matrix with G groups, first element of column block eb, and
+// the byte of (e, n, group gi) (its nibble: gi % 2) and the d of (e, n, span).
+constexpr int64_t kNibbleSpan = 2 * kIMinRun;
+inline int64_t int_nibble_spans(int64_t G) { return (int_form_runs(G) + 1) / 2; }
+inline int64_t nibble_block(int64_t eb, int64_t pairs) { return eb * pairs * 16; }
+inline int64_t nibble_d_block(int64_t eb, int64_t spans) { return eb * spans * 16; }
+inline int64_t nibble_index(const PackedExperts& p, int64_t e, int64_t n, int64_t gi) {
+  const int64_t pairs = int_form_runs(p.num_groups()) * (kIMinRun / 2);
+  return nibble_block(e * p.num_blocks() + n / 16, pairs) + (gi / 2) * 16 + n % 16;
+}
+inline int64_t nibble_d_index(const PackedExperts& p, int64_t e, int64_t n, int64_t span) {
+  return nibble_d_block(e * p.num_blocks() + n / 16, int_nibble_spans(p.num_groups())) + span * 16 + n % 16;
 }
 
 // A buffer of T in the scales' [E][NB][G][16] order; src(e, n, gi) gives each value. Written by the

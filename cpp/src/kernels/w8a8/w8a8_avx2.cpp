@@ -14,6 +14,7 @@ namespace moe_cpu {
 extern const KernelDesc kernel_w8a8_avx2{"w8a8_avx2_4x16", Scheme::kInt8W8A8, "avx2", 4, 16, kFeatAvx2, kernels::int8_groups_fit<4>,
                                          kernels::int8_avx2_codes_gemm<4, 1, 1>,
                                          /*f32_acts=*/false, /*int_mins=*/false, /*int_scales=*/true,
-                                         /*gathers_rows=*/nullptr, /*half_scales=*/true, /*split_codes=*/true};
+                                         /*gathers_rows=*/nullptr, /*half_scales=*/true, /*split_codes=*/true,
+                                         /*qword_panels=*/false, /*split3=*/false, /*int_nibbles=*/true};
 
 }  // namespace moe_cpu

@@ -240,8 +240,9 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
         ASSERT_EQ(float_to_bits(got[i]), float_to_bits(ref[i])) << kd->name << " vs " << twin->name << " at " << i;
     }
     // AVX-512 (a kernel that takes integer mins anyway): split codes give the int8 panels' bits, in decode and in
-    // the row tiles that widen them
-    if (p.split_bits && kd->int_mins) {
+    // the row tiles that widen them (not Q2_K's 4-bit forms, which only split codes take: their d per 16 groups rounds
+    // the terms apart from the int8 forms' per 8; against `want` above)
+    if (p.split_bits && kd->int_mins && !p.int_nibbles) {
       join_split_codes(p);  // (the unpack check below reads the joined panels)
       std::vector<float> ji(got.size(), NAN);
       kd->gemm(p, e, 0, p.num_blocks(), acts.view(p, R), ji.data(), N);

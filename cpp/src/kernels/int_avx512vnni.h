@@ -104,6 +104,19 @@ inline void fnmadd_bcast(__m512& acc, __m512 m, const float* p) {
 // groups, 4 vpdpwssd of (imin pair, code sum pair) and one FMA by dmin.
 enum class Offset { kImplicit, kZeros, kMins, kIntMins };
 
+// The 4-bit forms (PackedExperts::int_nibbles, GGUF Q2_K): 16 columns' nibbles of group gi (its half of each byte
+// at p), and the imin pair (even, odd group) of panel j's pair p as 16 int16 pairs, as imn_pair's int8 pairs widen.
+inline __m128i nibbles16(const uint8_t* p, int64_t gi) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm_and_si128(_mm_srl_epi16(v, _mm_cvtsi32_si128(int(4 * (gi % 2)))), _mm_set1_epi8(0x0f));
+}
+inline __m512i imin_pairs16(const IntFormBlock& f, int64_t j, int64_t p) {
+  if (!f.nib) return _mm512_cvtepi8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(f.imn_pair(j, p))));
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(f.nib_mn(j, p))), m = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+  return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi)));
+}
+
 // With activation blocks shorter than a run: the imins as fp32 against the groups' fp32 code sums
 // (ActRows::asum_f32, already times their block scales), per run in group order, then times dmin.
 template <int MR, int NJ>
@@ -124,7 +137,7 @@ __attribute__((noinline)) void int_mins_term_f32(const PackedExperts& w, int64_t
     for (int64_t p = s * S2; p < std::min(pairs, (s + 1) * S2); ++p) {
       __m512 ev[NJ], od[NJ];  // the pair's even and odd groups' imins of 16 columns
       _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-        const __m512i mv = _mm512_cvtepi8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(f.imn_pair(j, p))));
+        const __m512i mv = imin_pairs16(f, j, p);
         ev[j] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(mv, 16), 16));
         od[j] = _mm512_cvtepi32_ps(_mm512_srai_epi32(mv, 16));
       }
@@ -135,7 +148,7 @@ __attribute__((noinline)) void int_mins_term_f32(const PackedExperts& w, int64_t
       }
     }
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-      const __m512 dv = half16(f.dmn_run(j, s));
+      const __m512 dv = half16(f.nib ? f.nib_dmin(j, s) : f.dmn_run(j, s));
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) sum[r][j] = _mm512_fmadd_ps(acc[r][j], dv, sum[r][j]);
     }
   }
@@ -171,7 +184,7 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
       const int64_t p = s * S2 + q;
       __m512i mv[NJ];
       _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j)
-        mv[j] = _mm512_cvtepi8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(im + (j * P2 + p) * 32)));
+        mv[j] = f.nib ? imin_pairs16(f, j, p) : _mm512_cvtepi8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(im + (j * P2 + p) * 32)));
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
         int32_t pair;
         std::memcpy(&pair, as[r] + 2 * p, 4);
@@ -180,7 +193,7 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
       }
     }
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-      const __m512 dv = half16(dm + (j * runs + s) * 16);
+      const __m512 dv = half16(f.nib ? f.nib_dmin(j, s) : dm + (j * runs + s) * 16);
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
         __m512 f = _mm512_cvtepi32_ps(acc[r][j]);
         if (a.bscale) f = _mm512_mul_ps(f, _mm512_set1_ps(a.bscale[a.row_idx[r0 + r] * a.G + s * kIMinRun]));
@@ -194,10 +207,15 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
 
 // The 16 fp32 scales of (panel j, group gi) from the integer form: float(isc) * d, the stored floats (d: the run's
 // fp16 d widened, which decode does once per run).
+// kNib: from the 4-bit forms (d: the span's).
+template <bool kNib = false>
 inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi, __m512 d) {
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(f.isc_at(j, gi))))), d);
+  const __m128i v = kNib ? nibbles16(f.nib_sc(j, gi), gi) : _mm_load_si128(reinterpret_cast<const __m128i*>(f.isc_at(j, gi)));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), d);
 }
-inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi) { return int_scale16(f, j, gi, half16(f.dsc_at(j, gi))); }
+inline __m512 int_scale16(const IntFormBlock& f, int64_t j, int64_t gi) {
+  return f.nib ? int_scale16<true>(f, j, gi, half16(f.nib_d(j, gi))) : int_scale16(f, j, gi, half16(f.dsc_at(j, gi)));
+}
 
 // Split codes' planes (int_avx512vnni_split.h): kBits-bit codes, a group's kS steps of 8 k.
 template <int kBits, int kS>
@@ -214,6 +232,8 @@ struct IntVnni {
     static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c,
                     int64_t ldc) {
       static_assert(!kSplit || (MR == 1 && NJ == 1 && !kInt4 && !kA16), "split codes: int8 decode");
+      // Q2_K's 4-bit forms reach decode only here (2-bit split codes with integer mins; row tiles read a.blk_scales)
+      constexpr bool kMayNib = kSplit == 2 && kOff == Offset::kIntMins;
       constexpr int64_t step = kInt4 || kSplit ? 8 : 4;
       constexpr bool kShare = MR > 1 && NJ >= 2;  // see dpbusd_row
       const int64_t G = a.G, gl = w.group_len(), Kp = a.Kp;  // a.G: w.num_groups() without a division
@@ -263,7 +283,8 @@ struct IntVnni {
         if constexpr (MR == 1) {
           side.at<NJ>(gi);
           if (forms.isc && gi % kIMinRun == 0)
-            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) run_d[j] = half16(forms.dsc_at(j, gi));
+            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j)
+              run_d[j] = half16(kMayNib && forms.nib ? forms.nib_d(j, gi) : forms.dsc_at(j, gi));
         }
         const int64_t g0 = gi * gl / step, g1 = gi == G - 1 ? Kp / step : (gi + 1) * gl / step;
        for (int64_t pi = 0; pi < NP; ++pi) {
@@ -322,6 +343,7 @@ struct IntVnni {
           const __m512 sv =
               a.blk_scales ? _mm512_load_ps(a.blk_scales + (j * G + gi) * 16)
               : forms.hsc          ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(forms.hsc + si)))
+              : kMayNib && forms.nib ? int_scale16<true>(forms, j, gi, run_d[0])
               : forms.isc          ? (MR == 1 ? int_scale16(forms, j, gi, run_d[MR == 1 ? j : 0]) : int_scale16(forms, j, gi))
                                    : _mm512_load_ps(scales + si);
           if constexpr (kOff == Offset::kZeros) {

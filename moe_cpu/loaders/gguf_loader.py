@@ -13,7 +13,8 @@ Types (all lossless but F16 / F32; ``unpack()`` equals ``gguf.quants.dequantize`
   Q5_K -> int8 g32 with the same scales and mins; Q6_K -> int8 group 16 (d * sc * (q - 32));
 - IQ4_NL -> int4 g32 through its 16-value codebook; IQ4_XS -> the same with scale d * (ls - 32);
   MXFP4 -> int4 g32 through e2m1 x 2 = {0, +-1, +-2, +-3, +-4, +-6, +-8, +-12}, scale 2^(e - 128);
-- the low-bit types (gguf_lowbit.py): Q2_K -> int8 g16 with mins, Q3_K -> int8 g16, TQ1_0 / TQ2_0 -> int4 g256,
+- the low-bit types (gguf_lowbit.py): Q2_K -> int8 g16 with mins, Q3_K -> int8 g16, TQ1_0 / TQ2_0 -> int8 g32 (2-bit split codes; int4 g256 where
+  the int8 kernel takes none),
   IQ1_S / IQ2_XXS / IQ3_XXS / IQ3_S -> int4 g32 through their signed grid values, IQ1_M / IQ2_XS / IQ2_S -> int8 g16
   (more bytes than the file: docs/formats.md);
 - ik_llama.cpp's own types (gguf_ik.py, type ids gguf-py does not know): Q6_0 -> int8 g32; IQ2_K, IQ3_K, IQ4_K,
@@ -31,6 +32,7 @@ that is NaN or infinite, or a tensor whose bytes do not fit its type and shape, 
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -136,6 +138,16 @@ def _q8_0(t: Blocks) -> Part:
     return Part("int", rows(np.ascontiguousarray(t.b[..., 2:]).view(np.int8)), t.f16(0))
 
 
+@functools.lru_cache(maxsize=None)
+def _tq_group() -> int:
+    """TQ1_0 / TQ2_0's group: 32, as int8, where this CPU's int8 kernel holds codes of 3 values as 2-bit split codes
+    (AVX2, AVX-512 VNNI: 2.31 bits a weight), else 256, as int4 (4.06 bits; int8 panels would take 9)."""
+    from ..api import pack_int8
+
+    q = np.tile(np.array([-1, 0, 1, 0], np.int8), (1, 16, 64))
+    return 32 if pack_int8(q, np.ones((1, 16, 8), np.float32), 32).code_bits == 2 else 256
+
+
 # type -> (native scheme, group, elements per block, bytes per block, decoder, codebook, mins)
 _QUANT: Dict[str, Tuple[str, int, int, int, Callable[[Blocks], Part], Optional[tuple], bool]] = {
     "Q4_0": ("int4_w4a8", 32, 32, 18, _q4_0, None, False),
@@ -152,8 +164,8 @@ _QUANT: Dict[str, Tuple[str, int, int, int, Callable[[Blocks], Part], Optional[t
     # the low-bit types (gguf_lowbit.py)
     "Q2_K": ("int8_w8a8", 16, 256, 84, lb.q2_k, None, True),
     "Q3_K": ("int8_w8a8", 16, 256, 110, lb.q3_k, None, False),
-    "TQ1_0": ("int4_w4a8", 256, 256, 54, lb.tq1_0, None, False),
-    "TQ2_0": ("int4_w4a8", 256, 256, 66, lb.tq2_0, None, False),
+    "TQ1_0": ("int4_w4a8", 256, 256, 54, lambda t: lb.tq1_0(t, _tq_group()), None, False),   # or int8 g32: _tq_group
+    "TQ2_0": ("int4_w4a8", 256, 256, 66, lambda t: lb.tq2_0(t, _tq_group()), None, False),
     "IQ1_S": ("int4_w4a8", 32, 256, 50, lb.iq1_s, IQ1_VALUES, False),
     "IQ1_M": ("int4_w4a8", 16, 256, 56, lb.iq1_m, IQ1_VALUES, False),
     "IQ2_XXS": ("int4_w4a8", 32, 256, 66, lb.iq2_xxs, IQ2_VALUES, False),
@@ -362,6 +374,8 @@ class _File:
         if typ in _FLOAT:
             return Source(name, N, "float", -1, lambda e: _decode(t, t.data if E is None else t.data[e], N, K))
         native, g, _, _, _, cb, mins = _QUANT[typ]
+        if typ in ("TQ1_0", "TQ2_0") and _tq_group() == 32:
+            native, g = "int8_w8a8", 32
         return Source(name, N, native, g, lambda e: _decode(t, t.data if E is None else t.data[e], N, K), cb, mins,
                       act_block=ACT_BLOCK[typ])
 

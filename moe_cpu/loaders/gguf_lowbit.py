@@ -3,7 +3,8 @@ IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), decoded losslessly into moe_cpu's int f
 
 Every one of them is an integer value times a per-group float32 scale (minus a min for Q2_K), so each becomes
 an int4 form (through a 16-value codebook where the values are not -8..7) in groups of 16, 32 or 256, or an int8
-form in groups of 16 (Q2_K, Q3_K). ``unpack()`` equals ``gguf.quants.dequantize`` bit for bit: each scale is the float32 that
+form in groups of 16 (Q2_K, Q3_K) or 32 (TQ1_0 / TQ2_0 where the int8 kernel holds their values -1..1 as 2-bit
+split codes: the block's d the scale of its 8 groups; else int4 g256). ``unpack()`` equals ``gguf.quants.dequantize`` bit for bit: each scale is the float32 that
 ggml computes, and value * scale is rounded once as there. IQ1_S / IQ1_M's values grid + delta (delta = +-1/8)
 are held as 8 * grid + 8 * delta with the scale divided by 8 (exact: a power of two of a normal float32).
 
@@ -104,15 +105,20 @@ def _trits(b: np.ndarray, n: int) -> np.ndarray:
     return ((x * 3) >> 8).astype(np.int8).reshape(*b.shape[:-1], -1)
 
 
-def tq1_0(t: Blocks) -> Part:
+def _tq_scales(d: np.ndarray, group: int) -> np.ndarray:
+    """A block's d [N, nb] as the scale of its group of 256, or of each of its 8 groups of 32 ([N, 8 nb])."""
+    return d if group == 256 else rows(np.repeat(d[..., None], 8, axis=-1))
+
+
+def tq1_0(t: Blocks, group: int = 256) -> Part:
     """TQ1_0 (54 bytes): qs[48] (5 trits a byte, then 16 bytes of 5), qh[4] (4 trits), d: d (trit - 1)."""
     q = np.concatenate([_trits(t.b[..., 0:32], 5), _trits(t.b[..., 32:48], 5), _trits(t.b[..., 48:52], 4)], axis=-1)
-    return Part("int", rows(q - np.int8(1)), t.f16(52))
+    return Part("int", rows(q - np.int8(1)), _tq_scales(t.f16(52), group))
 
 
-def tq2_0(t: Blocks) -> Part:
+def tq2_0(t: Blocks, group: int = 256) -> Part:
     """TQ2_0 (66 bytes): qs[64] (2 bits a value), d: d (q - 1)."""
-    return Part("int", rows(_crumbs(t.b[..., 0:64]).astype(np.int8) - np.int8(1)), t.f16(64))
+    return Part("int", rows(_crumbs(t.b[..., 0:64]).astype(np.int8) - np.int8(1)), _tq_scales(t.f16(64), group))
 
 
 def iq2_xxs(t: Blocks) -> Part:

@@ -180,16 +180,19 @@ def test_low_bit_unpack_equals_ggml_c_dequantize(tmp_path, rng, typ):
     check_unpack_bits(tmp_path, rng, typ, dequant)
 
 
+# TQ1_0 / TQ2_0: int8 g32 where the int8 kernel takes 2-bit split codes (AVX2, AVX-512 VNNI), else int4 g256
+TQ_SPLIT = moe_cpu.cpu_features()["kernels"]["int8_w8a8"].startswith(("w8a8_avx2_", "w8a8_avx512vnni_"))
+TQ_FORM = "int8" if TQ_SPLIT else "int4"
 FORM = {"Q4_0": "int4", "Q4_1": "int4+codebook+mins", "Q5_0": "int8", "Q5_1": "int8+mins", "Q8_0": "int8",
         "Q4_K": "int4+codebook+mins", "Q5_K": "int8+mins", "Q6_K": "int8", "IQ4_NL": "int4+codebook",
         "IQ4_XS": "int4+codebook", "MXFP4": "int4+codebook",
-        "Q2_K": "int8+mins", "Q3_K": "int8", "TQ1_0": "int4", "TQ2_0": "int4", "IQ1_S": "int4+codebook",
+        "Q2_K": "int8+mins", "Q3_K": "int8", "TQ1_0": TQ_FORM, "TQ2_0": TQ_FORM, "IQ1_S": "int4+codebook",
         "IQ1_M": "int4+codebook", "IQ2_XXS": "int4+codebook", "IQ2_XS": "int4+codebook", "IQ2_S": "int4+codebook",
         "IQ3_XXS": "int4+codebook",
         "IQ3_S": "int4+codebook"}
-# The group of each form: the file's scale blocks (16, 32, or TQ's 256).
+# The group of each form: the file's scale blocks (16, 32, or TQ's 256; as int8, 8 groups of 32 with its d).
 GROUP = {t: 32 for t in FORM} | {t: 16 for t in ("Q6_K", "Q2_K", "Q3_K", "IQ1_M", "IQ2_XS", "IQ2_S")} | \
-    {"TQ1_0": 256, "TQ2_0": 256}
+    {"TQ1_0": 32 if TQ_SPLIT else 256, "TQ2_0": 32 if TQ_SPLIT else 256}
 
 
 # ggml's vec-dot blocks are 32 (Q8_0 / Q8_1) or 256 (Q8_K for the K-quants and the IQ types); a GGUF layer runs
@@ -236,7 +239,7 @@ def test_layer_of_one_type(tmp_path, rng, typ, M):
     (("IQ2_XXS", "IQ2_XXS", "IQ3_XXS"), ("int4+codebook", "int4+codebook")),   # a codebook each
     (("IQ1_S", "IQ1_M", "IQ2_XS"), ("int4+codebook", "int4+codebook")),  # one codebook, groups of 32 and 16: int4 g16
     (("IQ2_XXS", "IQ2_S", "IQ1_M"), ("int4+codebook", "int4+codebook")),
-    (("TQ1_0", "TQ2_0", "IQ3_S"), ("int4", "int4+codebook")),
+    (("TQ1_0", "TQ2_0", "IQ3_S"), (TQ_FORM, "int4+codebook")),
 ])
 def test_mixed_types_in_one_layer(tmp_path, rng, types, forms):
     path, keep = moe_file(tmp_path, rng, types)

@@ -13,6 +13,7 @@
 #pragma once
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -236,6 +237,9 @@ __attribute__((always_inline)) inline void run_scales_nib16(const uint8_t* p, in
 template <int kBits, int kS, int kBlk, bool kMins, bool kZc, int kNB, bool kNib = false>
 struct IntAvx2SplitRuns {
   using U = SplitBits<kBits>;
+  // Steps whose int16 pair sums add before the scales' vpmaddwd: each step's lane is at most 4 * (2^kBits - 1) * 127
+  // (2 bits: 1524; 6 bits: 32004, one step).
+  static constexpr int kChunk = std::max(1, std::min(kS, 32767 / (4 * ((1 << kBits) - 1) * 127)));
   // One row, column block b: the row tiles' integers and fp32 operations in their order.
   static void decode(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, float* c) {
     const int64_t G = a.G;
@@ -264,6 +268,7 @@ struct IntAvx2SplitRuns {
           _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h)
             isum[h] = _mm256_sub_epi32(isum[h], _mm256_madd_epi16(split_zero_scales<kZc>(m[h], zc16), as));
         }
+        __m256i psum[2];  // kChunk steps' int16 pair sums, then one vpmaddwd by the scales (the same int32)
         split_unroll<kS>([&](auto tc) __attribute__((always_inline)) {
           constexpr int t = decltype(tc)::value;
           const __m256i b0 = bcast4(r.y + (gi * kS + t) * 8), b1 = bcast4(r.y + (gi * kS + t) * 8 + 4);
@@ -271,7 +276,8 @@ struct IntAvx2SplitRuns {
             __m256i lo, hi;
             u.template at<t>(gn + h * 32, gh + h * 32, lo, hi);
             const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, b0), _mm256_maddubs_epi16(hi, b1));
-            isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(p, m[h]));
+            psum[h] = t % kChunk ? _mm256_add_epi16(psum[h], p) : p;
+            if constexpr (t % kChunk == kChunk - 1 || t == kS - 1) isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(psum[h], m[h]));
           }
         });
       }

@@ -112,7 +112,7 @@ void int_mins_term_rows(const IntForms& f, const int16_t* const* as, const float
         const int64_t p = s * (kIMinRun / 2) + q;
         pr[q] = f.nib ? imin_pair8_nib(f.nib_mn(j, p) + c8) : imin_pair8(f.imn_pair(j, p) + 2 * c8);
       }
-      const __m256 dm = half8((f.nib ? f.nib_dmin(j, s) : f.dmn_run(j, s)) + c8);
+      const __m256 dm = half8(f.dmin_at(j, s) + c8);
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
         __m256 x;
         _Pragma("GCC unroll 4") for (int k = 0; k < kIMinRun / kNB; ++k) {

@@ -148,7 +148,7 @@ __attribute__((noinline)) void int_mins_term_f32(const PackedExperts& w, int64_t
       }
     }
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-      const __m512 dv = half16(f.nib ? f.nib_dmin(j, s) : f.dmn_run(j, s));
+      const __m512 dv = half16(f.dmin_at(j, s));
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) sum[r][j] = _mm512_fmadd_ps(acc[r][j], dv, sum[r][j]);
     }
   }
@@ -165,14 +165,12 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
                                              float* corr) {
   if (a.bscale && imins_f32(w)) return int_mins_term_f32<MR, NJ>(w, e, b, a, r0, corr);
   constexpr int64_t S2 = kIMinRun / 2;  // pairs per run (imin_groups is kIMinRun)
-  const int64_t P2 = a.G2 / 2, runs = a.G2 / kIMinRun;  // a.G2 = 2 imin_pairs(w): no divisions
+  const int64_t runs = a.G2 / kIMinRun;  // a.G2 = 2 imin_pairs(w): no divisions
   const int16_t* as[MR];
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) as[r] = a.asum16 + a.row_idx[r0 + r] * a.G2;
   // Panels inner: each row's code-sum pair is broadcast once into a register for the NJ panels
   // (as in dpbusd_row).
   const IntFormBlock f(w, e, b, a.G);
-  const int8_t* im = f.imn;  // panel j at + j * P2 * 32
-  const uint16_t* dm = f.dmn;  // panel j at + j * runs * 16
   __m512 sum[MR][NJ];
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) sum[r][j] = _mm512_setzero_ps();
@@ -184,7 +182,7 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
       const int64_t p = s * S2 + q;
       __m512i mv[NJ];
       _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j)
-        mv[j] = f.nib ? imin_pairs16(f, j, p) : _mm512_cvtepi8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(im + (j * P2 + p) * 32)));
+        mv[j] = imin_pairs16(f, j, p);
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
         int32_t pair;
         std::memcpy(&pair, as[r] + 2 * p, 4);
@@ -193,7 +191,7 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
       }
     }
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-      const __m512 dv = half16(f.nib ? f.nib_dmin(j, s) : dm + (j * runs + s) * 16);
+      const __m512 dv = half16(f.dmin_at(j, s));
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
         __m512 f = _mm512_cvtepi32_ps(acc[r][j]);
         if (a.bscale) f = _mm512_mul_ps(f, _mm512_set1_ps(a.bscale[a.row_idx[r0 + r] * a.G + s * kIMinRun]));

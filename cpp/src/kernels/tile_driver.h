@@ -166,6 +166,8 @@ struct IntFormBlock {
   const uint16_t* dsc_at(int64_t j, int64_t gi) const { return dsc + (j * runs + gi / kIMinRun) * 16; }
   const int8_t* imn_pair(int64_t j, int64_t pair) const { return imn + (j * P2 + pair) * 32; }  // [16][2]
   const uint16_t* dmn_run(int64_t j, int64_t run) const { return dmn + (j * runs + run) * 16; }
+  // The dmin of panel j's run of kIMinRun groups, in either form.
+  const uint16_t* dmin_at(int64_t j, int64_t run) const { return nib ? nib_dmin(j, run) : dmn_run(j, run); }
 };
 
 // How far ahead an int kernel's decode tile prefetches its (sequential) panel stream, into L2 (2, 4, 8, 16 KiB

@@ -250,7 +250,7 @@ struct IntAvx2 {
           // 0.834; int4 0.99-1.06, left out)
           if constexpr (MR == 1)
             _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
-              _mm_prefetch((const char*)(panel[j] + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
+              _mm_prefetch((const char*)(panel[j] + t * 64 + (kInt4 ? kAvx2Int4PrefetchBytes : kDecodePrefetchBytes)), _MM_HINT_T1);
               if constexpr (!kInt4) _mm_prefetch((const char*)(panel[j] + t * 64 + kDecodeL1Bytes<false>), _MM_HINT_T0);
             }
           if constexpr (kA16) {

@@ -379,7 +379,7 @@ void int4_qword_decode_block(const PackedExperts& w, int64_t e, int64_t b, const
   r.groups(G, [&](int64_t gi, const __m256* run_d, const __m256* run_dm) __attribute__((always_inline)) {
       side.at<1>(gi);
       const uint8_t* pg = pn + gi * 64 * kT;
-      _Pragma("GCC unroll 4") for (int t = 0; t < kT; ++t) _mm_prefetch((const char*)(pg + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
+      _Pragma("GCC unroll 4") for (int t = 0; t < kT; ++t) _mm_prefetch((const char*)(pg + t * 64 + kAvx2Int4PrefetchBytes), _MM_HINT_T1);
       _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
         __m256i lo[4], hi[4];
         _Pragma("GCC unroll 4") for (int t = 0; t < kT; ++t) {

@@ -125,7 +125,7 @@ void int4_runs_decode_block(const PackedExperts& w, int64_t e, int64_t b, const 
     for (int64_t gi = gb; gi < std::min(G, gb + kNB); ++gi) {
       side.at<1>(gi);
       const uint8_t* pg = pn + gi * 256;
-      _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) _mm_prefetch((const char*)(pg + t * 64 + kDecodePrefetchBytes), _MM_HINT_T1);
+      _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) _mm_prefetch((const char*)(pg + t * 64 + kAvx2Int4PrefetchBytes), _MM_HINT_T1);
       _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
         __m256i lo[4], hi[4];
         _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {

@@ -173,6 +173,8 @@ struct IntFormBlock {
 // How far ahead an int kernel's decode tile prefetches its (sequential) panel stream, into L2 (2, 4, 8, 16 KiB
 // tried on a Zen 5, paired A/B: 4 KiB best; docs/performance.md, "Decisions").
 constexpr int64_t kDecodePrefetchBytes = 4096;
+// The AVX2 int4 decode loops twice as far (Zen 4, paired: 0.83-0.97 of 4 KiB's time; AVX-512 there: no clear change).
+constexpr int64_t kAvx2Int4PrefetchBytes = 8192;
 // And how far ahead it prefetches into L1 besides: paired on Zen 4, int8 at 2 KiB 0.936 of 1 KiB's time, int4 at 512 B
 // 0.89-0.91 of 256 B's (docs/performance.md, "Decisions").
 template <bool kInt4>

@@ -179,6 +179,7 @@ TEST_P(WeightFormTest, MatchesDequantizedMath) {
     if (c.kquant) EXPECT_EQ(p.imin_groups, kd->int_mins || p.split_bits ? 8 : 0) << "integer mins";
     if (c.kscales) EXPECT_EQ(p.iscale_groups, kd->int_scales ? 8 : 0) << "integer scales";
     if (c.q2k) EXPECT_EQ(p.int_nibbles, kd->int_nibbles) << "4-bit integer forms";
+    if (extremes && !c.q2k && !p.iscale_groups) EXPECT_EQ(p.half_scales, kd->half_scales) << "fp16 scales (all 1)";
     const int span = c.hi8 - c.lo8;
     if (!c.int4 && c.lo8 > -128)
       EXPECT_EQ(p.split_bits, !kd->split_codes ? 0 : span < 4 ? 2 : span < 8 && kd->split3 ? 3 : span < 16 ? 4 : span < 32 && c.group == 32 ? 5 : 6)

@@ -43,11 +43,12 @@ struct ActRows {
   const uint16_t* bf16 = nullptr;  // bf16 / fp8 schemes: bf16 bits [*, Kp]
   const float* f32 = nullptr;      //   or, for kernels with KernelDesc::f32_acts, those values as fp32
   // Set by a kernel for its own row tiles: one column block's fp32 scales and mins [G][16], built once
-  // from the integer forms and shared by the block's row tiles (nullptr: none).
+  // from the integer forms and shared by the block's row tiles (NEON: [block][G][16] from block wpanel_b; nullptr:
+  // none).
   const float* blk_scales = nullptr;
   const float* blk_mins = nullptr;
   // Set by a kernel for its own row tiles: int8 panels of split codes' q bytes (PackedExperts::split_bits; zero point
-  // split_zero), block wpanel_b's first, Kp * 16 bytes each (nullptr: the weights' own panels).
+  // split_zero; NEON: the bytes w + 128), block wpanel_b's first, Kp * 16 bytes each (nullptr: the weights' own panels).
   const uint8_t* wpanels = nullptr;
   int64_t wpanel_b = 0;
 };

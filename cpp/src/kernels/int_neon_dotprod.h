@@ -7,6 +7,8 @@
 // Group offsets (mins): minus min * code sum per group, in fp32. A8 activation blocks (ActRows::bscale): int32
 // sums per piece (group, or block when shorter), each converted sum times its block scale.
 //   int8: the stored u = w + 128 becomes w by flipping the top bit; the sums need no correction.
+// Panels, scales and mins widened per call from the compact forms (int_neon_forms.h) come in ActRows::wpanels,
+// blk_scales and blk_mins.
 // Needs: AdvSIMD + dotprod (compile the users with -march=armv8.2-a+dotprod).
 #pragma once
 #include <arm_neon.h>
@@ -36,7 +38,7 @@ struct IntNeonDot {
       constexpr int V = 4 * NJ;  // q-registers of 4 columns
       const int64_t G = w.num_groups(), gl = w.group_len(), Kp = a.Kp;
       const uint8_t* panel[NJ];
-      for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
+      for (int j = 0; j < NJ; ++j) panel[j] = a.wpanels ? a.wpanels + (b + j - a.wpanel_b) * Kp * 16 : w.panel(e, b + j);
       const int8_t* arow[MR];
       for (int r = 0; r < MR; ++r) arow[r] = a.q + a.row_idx[r0 + r] * Kp;
       const int8x16_t table = vld1q_s8(w.codebook);
@@ -71,7 +73,8 @@ struct IntNeonDot {
         }
         for (int v = 0; v < V; ++v) {
           const int64_t si = sx(v / 4, gi) + (v % 4) * 4;
-          const float32x4_t sv = vld1q_f32(w.scales.as<float>() + si);
+          const int64_t bi = ((b + v / 4 - a.wpanel_b) * G + gi) * 16 + (v % 4) * 4;  // in blk_scales / blk_mins
+          const float32x4_t sv = vld1q_f32(a.blk_scales ? a.blk_scales + bi : w.scales.as<float>() + si);
           int32x4_t zv = vdupq_n_s32(kInt4 && !kTbl ? w.code_zero : 0);
           if (kInt4 && w.has_zeros) {
             const uint8_t* z = w.zeros.data() + si;
@@ -85,7 +88,7 @@ struct IntNeonDot {
             if constexpr (kBlk) exact = vmulq_n_f32(exact, a.bscale[row * G * NP + ai]);
             accf[r][v] = vfmaq_f32(accf[r][v], exact, sv);
             if (w.has_mins && pi == NP - 1)
-              accf[r][v] = vfmsq_f32(accf[r][v], vld1q_f32(w.mins.as<float>() + si), vdupq_n_f32(a.asum_f32[row * G + gi]));
+              accf[r][v] = vfmsq_f32(accf[r][v], vld1q_f32(a.blk_mins ? a.blk_mins + bi : w.mins.as<float>() + si), vdupq_n_f32(a.asum_f32[row * G + gi]));
           }
         }
        }

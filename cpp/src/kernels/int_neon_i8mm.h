@@ -38,7 +38,7 @@ struct IntNeonMmla {
                     int64_t ldc) {
       const int64_t G = w.num_groups(), gl = w.group_len(), Kp = a.Kp;
       const uint8_t* panel[NJ];
-      for (int j = 0; j < NJ; ++j) panel[j] = w.panel(e, b + j);
+      for (int j = 0; j < NJ; ++j) panel[j] = a.wpanels ? a.wpanels + (b + j - a.wpanel_b) * Kp * 16 : w.panel(e, b + j);
       const int8_t* arow[2 * RP];
       int64_t rid[2 * RP];
       for (int r = 0; r < 2 * RP; ++r) rid[r] = a.row_idx[r0 + (r < MR ? r : MR - 1)], arow[r] = a.q + rid[r] * Kp;
@@ -81,12 +81,17 @@ struct IntNeonMmla {
         }
         for (int q = 0; q < CP; ++q) {  // column pair q: columns 2q, 2q+1 of the NJ blocks
           const int64_t si0 = sx((2 * q) / 16, gi) + (2 * q) % 16, si1 = sx((2 * q + 1) / 16, gi) + (2 * q + 1) % 16;
-          const float* sc = w.scales.as<float>();
-          const float s2[4] = {sc[si0], sc[si1], sc[si0], sc[si1]};
+          // (the widened forms, int_neon_forms.h: blk_scales / blk_mins [block][G][16] from block wpanel_b)
+          const int64_t bi0 = ((b + (2 * q) / 16 - a.wpanel_b) * G + gi) * 16 + (2 * q) % 16, bi1 = bi0 + 1;
+          const float* sc = a.blk_scales ? a.blk_scales : w.scales.as<float>();
+          const int64_t ti0 = a.blk_scales ? bi0 : si0, ti1 = a.blk_scales ? bi1 : si1;
+          const float s2[4] = {sc[ti0], sc[ti1], sc[ti0], sc[ti1]};
           const float32x4_t sv = vld1q_f32(s2);
           int32_t z0 = kInt4 && !kTbl ? w.code_zero : 0, z1 = z0;
-          const float m0 = w.has_mins ? w.mins.as<float>()[si0] : 0.f;
-          const float m1 = w.has_mins ? w.mins.as<float>()[si1] : 0.f;
+          const float* mn = a.blk_mins ? a.blk_mins : w.mins.as<float>();
+          const int64_t mi0 = a.blk_mins ? bi0 : si0, mi1 = a.blk_mins ? bi1 : si1;
+          const float m0 = w.has_mins ? mn[mi0] : 0.f;
+          const float m1 = w.has_mins ? mn[mi1] : 0.f;
           if (kInt4 && w.has_zeros) z0 = w.zeros.data()[si0], z1 = w.zeros.data()[si1];
           for (int p = 0; p < RP; ++p) {
             const int64_t i0 = rid[2 * p] * G * NP + ai, i1 = rid[2 * p + 1] * G * NP + ai;

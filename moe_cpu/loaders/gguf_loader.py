@@ -141,7 +141,8 @@ def _q8_0(t: Blocks) -> Part:
 @functools.lru_cache(maxsize=None)
 def _tq_group() -> int:
     """TQ1_0 / TQ2_0's group: 32, as int8, where this CPU's int8 kernel holds codes of 3 values as 2-bit split codes
-    (AVX2, AVX-512 VNNI: 2.31 bits a weight), else 256, as int4 (4.06 bits; int8 panels would take 9)."""
+    (AVX2, AVX-512 VNNI, the Arm dot-product tiers, the reference: 2.31 bits a weight), else 256, as int4 (4.06 bits;
+    int8 panels would take 9)."""
     from ..api import pack_int8
 
     q = np.tile(np.array([-1, 0, 1, 0], np.int8), (1, 16, 64))

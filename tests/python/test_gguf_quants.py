@@ -180,8 +180,9 @@ def test_low_bit_unpack_equals_ggml_c_dequantize(tmp_path, rng, typ):
     check_unpack_bits(tmp_path, rng, typ, dequant)
 
 
-# TQ1_0 / TQ2_0: int8 g32 where the int8 kernel takes 2-bit split codes (AVX2, AVX-512 VNNI), else int4 g256
-TQ_SPLIT = moe_cpu.cpu_features()["kernels"]["int8_w8a8"].startswith(("w8a8_avx2_", "w8a8_avx512vnni_"))
+# TQ1_0 / TQ2_0: int8 g32 where the int8 kernel takes 2-bit split codes (AVX2, AVX-512 VNNI, the reference), else int4
+# g256
+TQ_SPLIT = moe_cpu.cpu_features()["kernels"]["int8_w8a8"].startswith(("w8a8_avx2_", "w8a8_avx512vnni_", "w8a8_reference"))
 TQ_FORM = "int8" if TQ_SPLIT else "int4"
 FORM = {"Q4_0": "int4", "Q4_1": "int4+codebook+mins", "Q5_0": "int8", "Q5_1": "int8+mins", "Q8_0": "int8",
         "Q4_K": "int4+codebook+mins", "Q5_K": "int8+mins", "Q6_K": "int8", "IQ4_NL": "int4+codebook",

@@ -234,12 +234,12 @@ def test_one_expert_and_k_equal_to_e(rng, E, k):
 
 
 def int_form_kernel(p):
-    """Whether p's kernel takes the integer K-quant forms: the x86 int4 kernels, int8 on AVX-512 VNNI and AMX, and
-    int8 split codes (the AVX2 kernel's 5- / 6-bit form)."""
+    """Whether p's kernel takes the integer K-quant forms: the x86 int4 kernels, int8 on AVX-512 VNNI and AMX, the
+    reference, and int8 split codes (the AVX2 kernel's 5- / 6-bit form)."""
     isa = kernel_isa(p.kernel)
     amx = ("amx", "amx_model")
     int4 = p.scheme == "int4_w4a8"
-    return isa in (("avx512vnni", "avx2", "avx2vnni") + amx if int4 else ("avx512vnni",) + amx) or \
+    return isa in (("avx512vnni", "avx2", "avx2vnni", "reference") + amx if int4 else ("avx512vnni", "reference") + amx) or \
         (not int4 and p.code_bits in (2, 4, 5, 6))
 
 
@@ -273,9 +273,9 @@ def check_layer_and_file(rng, tmp_path, w13, w2, k, form):
 
 
 def int_scale_kernel(p):
-    """Whether p's kernel takes integer scales: the x86 int kernels (AMX: int4 only)."""
+    """Whether p's kernel takes integer scales: the x86 int kernels (AMX: int4 only) and the reference."""
     isa = kernel_isa(p.kernel)
-    return isa in ("avx512vnni", "avx2", "avx2vnni") or (isa in ("amx", "amx_model") and p.scheme == "int4_w4a8")
+    return isa in ("avx512vnni", "avx2", "avx2vnni", "reference") or (isa in ("amx", "amx_model") and p.scheme == "int4_w4a8")
 
 
 @pytest.mark.parametrize("form", ["q4k_ks", "iq4xs", "q4k_dmin", "mxfp4", "q6k_ks", "q5k_ks"])
@@ -329,8 +329,9 @@ def test_integer_forms_need_an_fp16_d(rng, tmp_path):
 
 
 def half_form_kernel(p):
-    """Whether p's kernel takes fp16 scales: the x86 int kernels but AMX's (AVX2, AVX-VNNI, AVX-512 VNNI)."""
-    return kernel_isa(p.kernel) in ("avx2", "avx2vnni", "avx512vnni")
+    """Whether p's kernel takes fp16 scales: the x86 int kernels but AMX's (AVX2, AVX-VNNI, AVX-512 VNNI), and the
+    reference."""
+    return kernel_isa(p.kernel) in ("avx2", "avx2vnni", "avx512vnni", "reference")
 
 
 def fp16_scaled(rng, form, E, N, K, a16=False):
@@ -370,9 +371,9 @@ def test_fp16_scales_run_as_fp16_on_x86(rng, tmp_path, form, a16):
 
 
 def split_code_kernel(p):
-    """Whether p's kernel takes split 2- to 6-bit int8 codes: the AVX2 vpmaddubsw one (w8a8_avx2) and the
-    AVX-512 VNNI one (w8a8_avx512vnni; not the AMX tiles)."""
-    return p.kernel.startswith(("w8a8_avx2_", "w8a8_avx512vnni_"))
+    """Whether p's kernel takes split 2- to 6-bit int8 codes: the AVX2 vpmaddubsw one (w8a8_avx2), the
+    AVX-512 VNNI one (w8a8_avx512vnni; not the AMX tiles) and the reference."""
+    return p.kernel.startswith(("w8a8_avx2_", "w8a8_avx512vnni_", "w8a8_reference"))
 
 
 @pytest.mark.parametrize("form,bits", [("q5k", 5), ("q6k", 6), ("q5k_ks", 5), ("q6k_ks", 6), ("q6k_g32", 6),
@@ -393,7 +394,7 @@ def test_narrow_int8_codes_run_split(rng, tmp_path, form, bits):
                                 top=form.endswith("_top"))
     r2, p2 = form_weights(rng, "q6k", E, H, I)
     split = split_code_kernel(p13) and bits < 8
-    if bits == 3 and not p13.kernel.startswith("w8a8_avx512vnni_"):   # 8 values take 3 bits on AVX-512 only
+    if bits == 3 and not p13.kernel.startswith(("w8a8_avx512vnni_", "w8a8_reference")):   # 3 bits: not on AVX2
         bits = 4
     assert p13.code_bits == (bits if split else 8)
     if split:   # split codes take integer mins (q5k_ks, q2k: dmin * 6-bit m; AVX2 widens them to the float mins per group)

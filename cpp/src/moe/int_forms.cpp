@@ -210,9 +210,12 @@ AlignedBuffer float_scales(const PackedExperts& p) {
 }
 
 void set_kernel(PackedExperts& p, const KernelDesc* kd) {
+  const bool was3 = p.kernel && p.kernel->split3;
   p.kernel = kd;
   if (p.int_nibbles && (!kd->int_nibbles || !kd->split_codes)) join_int_nibbles(p);
-  if (p.split_bits && (!kd->split_codes || (p.split_bits == 3 && !kd->split3))) join_split_codes(p);
+  // (a 4-bit split made for a kernel without 3-bit codes is split again: its codes may span 8 values)
+  if (p.split_bits && (!kd->split_codes || (p.split_bits == 3 && !kd->split3) || (p.split_bits == 4 && kd->split3 && !was3)))
+    join_split_codes(p);
   if (kd->split_codes) derive_split_codes(p, kd->split3);  // first: split codes take integer mins
   if (p.qword_panels && !kd->qword_panels) join_qword_panels(p);
   if (kd->qword_panels) derive_qword_panels(p);

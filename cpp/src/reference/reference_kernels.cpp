@@ -125,11 +125,22 @@ void bf16_gemm(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const 
 
 }  // namespace
 
-extern const KernelDesc kernel_w4a8_reference{"w4a8_reference", Scheme::kInt4W4A8, "reference", 1, 1, 0, nullptr, int_gemm};
-extern const KernelDesc kernel_w8a8_reference{"w8a8_reference", Scheme::kInt8W8A8, "reference", 1, 1, 0, nullptr, int_gemm};
+// The int kernels read every compact weight form through the accessors (int_row, scale, min): the file's bytes.
+extern const KernelDesc kernel_w4a8_reference{"w4a8_reference", Scheme::kInt4W4A8, "reference", 1, 1, 0, nullptr, int_gemm,
+                                              /*f32_acts=*/false, /*int_mins=*/true, /*int_scales=*/true,
+                                              /*gathers_rows=*/nullptr, /*half_scales=*/true, /*split_codes=*/false,
+                                              /*qword_panels=*/true};
+extern const KernelDesc kernel_w8a8_reference{"w8a8_reference", Scheme::kInt8W8A8, "reference", 1, 1, 0, nullptr, int_gemm,
+                                              /*f32_acts=*/false, /*int_mins=*/true, /*int_scales=*/true,
+                                              /*gathers_rows=*/nullptr, /*half_scales=*/true, /*split_codes=*/true,
+                                              /*qword_panels=*/false, /*split3=*/true, /*int_nibbles=*/true};
 extern const KernelDesc kernel_fp8w_reference{"fp8w_reference", Scheme::kFp8W8A16, "reference", 1, 1, 0, nullptr, fp8_gemm};
-extern const KernelDesc kernel_w4a16_reference{"w4a16_reference", Scheme::kInt4W4A16, "reference", 1, 1, 0, nullptr, int_gemm};
-extern const KernelDesc kernel_w8a16_reference{"w8a16_reference", Scheme::kInt8W8A16, "reference", 1, 1, 0, nullptr, int_gemm};
+extern const KernelDesc kernel_w4a16_reference{"w4a16_reference", Scheme::kInt4W4A16, "reference", 1, 1, 0, nullptr, int_gemm,
+                                               /*f32_acts=*/false, /*int_mins=*/true, /*int_scales=*/true,
+                                               /*gathers_rows=*/nullptr, /*half_scales=*/true};
+extern const KernelDesc kernel_w8a16_reference{"w8a16_reference", Scheme::kInt8W8A16, "reference", 1, 1, 0, nullptr, int_gemm,
+                                               /*f32_acts=*/false, /*int_mins=*/true, /*int_scales=*/true,
+                                               /*gathers_rows=*/nullptr, /*half_scales=*/true};
 extern const KernelDesc kernel_bf16_reference{"bf16_reference", Scheme::kBf16, "reference", 1, 1, 0, nullptr, bf16_gemm};
 
 }  // namespace moe_cpu

@@ -39,6 +39,8 @@ TOL_BF16_OUTPUT = 2.0 ** -8   # extra relative slack when the output dtype is bf
 # missing activation quantization / bf16 rounding, which the loose max bound above would let through.
 TIGHT = 2e-5
 TIGHT_MIN_ROWS = 16
+# The int8 kernels that hold narrow codes as split 2- to 6-bit codes (by name prefix; not the AMX tiles).
+SPLIT_CODE_KERNELS = ("w8a8_avx2_", "w8a8_avx512vnni_", "w8a8_reference")
 
 
 @pytest.fixture

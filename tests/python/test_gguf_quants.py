@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import moe_cpu
-from conftest import TOL, assert_close, make_input, make_routing, ref
+from conftest import SPLIT_CODE_KERNELS, TOL, assert_close, make_input, make_routing, ref
 from moe_cpu.loaders import load_layer
 from test_loaders import L, assert_load_raises, gguf_meta, write_gguf
 
@@ -180,9 +180,8 @@ def test_low_bit_unpack_equals_ggml_c_dequantize(tmp_path, rng, typ):
     check_unpack_bits(tmp_path, rng, typ, dequant)
 
 
-# TQ1_0 / TQ2_0: int8 g32 where the int8 kernel takes 2-bit split codes (AVX2, AVX-512 VNNI, the reference), else int4
-# g256
-TQ_SPLIT = moe_cpu.cpu_features()["kernels"]["int8_w8a8"].startswith(("w8a8_avx2_", "w8a8_avx512vnni_", "w8a8_reference"))
+# TQ1_0 / TQ2_0: int8 g32 where the int8 kernel takes 2-bit split codes, else int4 g256
+TQ_SPLIT = moe_cpu.cpu_features()["kernels"]["int8_w8a8"].startswith(SPLIT_CODE_KERNELS)
 TQ_FORM = "int8" if TQ_SPLIT else "int4"
 FORM = {"Q4_0": "int4", "Q4_1": "int4+codebook+mins", "Q5_0": "int8", "Q5_1": "int8+mins", "Q8_0": "int8",
         "Q4_K": "int4+codebook+mins", "Q5_K": "int8+mins", "Q6_K": "int8", "IQ4_NL": "int4+codebook",

@@ -9,7 +9,7 @@ import pytest
 
 import moe_cpu
 from moe_cpu.bench.peaks import kernel_isa
-from conftest import assert_close, make_input, make_routing, ref
+from conftest import SPLIT_CODE_KERNELS, assert_close, make_input, make_routing, ref
 from moe_cpu.reference import fused_experts_float64
 
 pytestmark = pytest.mark.isa   # kernel results: run at every ISA level (scripts/test.sh)
@@ -373,7 +373,7 @@ def test_fp16_scales_run_as_fp16_on_x86(rng, tmp_path, form, a16):
 def split_code_kernel(p):
     """Whether p's kernel takes split 2- to 6-bit int8 codes: the AVX2 vpmaddubsw one (w8a8_avx2), the
     AVX-512 VNNI one (w8a8_avx512vnni; not the AMX tiles) and the reference."""
-    return p.kernel.startswith(("w8a8_avx2_", "w8a8_avx512vnni_", "w8a8_reference"))
+    return p.kernel.startswith(SPLIT_CODE_KERNELS)
 
 
 @pytest.mark.parametrize("form,bits", [("q5k", 5), ("q6k", 6), ("q5k_ks", 5), ("q6k_ks", 6), ("q6k_g32", 6),

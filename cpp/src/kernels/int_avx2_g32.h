@@ -88,6 +88,21 @@ inline __m256i qword_group(const __m256i* lo, const __m256i* hi, const int8_t* y
   return _mm256_madd_epi16(_mm256_hadd_epi16(s0, s1), ones);
 }
 
+// One row's qword_group sums of both half-panels of a group of 32 plain codes at pg (activations y): sl[h] / sh[h]
+// half h's s0 / s1, each step's broadcast shared by both halves (the same wrapping int16 sums, so the same int32).
+__attribute__((always_inline)) inline void qword_group_halves(const uint8_t* pg, const int8_t* y, __m256i low4, __m256i* sl,
+                                                              __m256i* sh) {
+  _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+    const __m256i bt = bcast8(y + t * 8);
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + t * 64 + h * 32));
+      const __m256i x0 = _mm256_maddubs_epi16(_mm256_and_si256(v, low4), bt);
+      const __m256i x1 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), bt);
+      sl[h] = t ? _mm256_add_epi16(sl[h], x0) : x0, sh[h] = t ? _mm256_add_epi16(sh[h], x1) : x1;
+    }
+  }
+}
+
 // The 4 activation bytes at p in every 4-byte lane (vpbroadcastd from memory).
 inline __m256i bcast4(const int8_t* p) {
   int32_t v;
@@ -401,30 +416,32 @@ void int4_qword_decode_block(const PackedExperts& w, int64_t e, int64_t b, const
       side.at<1>(gi);
       const uint8_t* pg = pn + gi * 64 * kT;
       _Pragma("GCC unroll 4") for (int t = 0; t < kT; ++t) _mm_prefetch((const char*)(pg + t * 64 + kAvx2Int4PrefetchBytes), _MM_HINT_T1);
-      _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
-        __m256i lo[4], hi[4];
+      // Step t's activations are broadcast once for both halves (each half's sums add step by step: the same
+      // wrapping sums, so the same int32 per group).
+      __m256i sl[2], sh[2];
+      if constexpr (kSigned) {
         _Pragma("GCC unroll 4") for (int t = 0; t < kT; ++t) {
-          const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + t * 64 + h * 32));
-          lo[t] = _mm256_and_si256(v, low4), hi[t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        }
-        __m256i exact;
-        if constexpr (kSigned) {
-          __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-          _Pragma("GCC unroll 4") for (int t = 0; t < kT; ++t) {
-            const __m256i bt = bcast8(r.y + gi * 8 * kT + t * 8);
-            [[maybe_unused]] const __m256i at = kAbsY ? _mm256_abs_epi8(bt) : bt;
-            const auto d = [&](__m256i u) __attribute__((always_inline)) {
-              if constexpr (kAbsY)
-                return _mm256_madd_epi16(_mm256_maddubs_epi16(at, _mm256_sign_epi8(_mm256_shuffle_epi8(table, u), bt)), ones);
-              return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi8(abs_table, u),
-                                                            _mm256_sign_epi8(bt, _mm256_shuffle_epi8(table, u))), ones);
-            };
-            s0 = _mm256_add_epi32(s0, d(lo[t])), s1 = _mm256_add_epi32(s1, d(hi[t]));
+          const __m256i bt = bcast8(r.y + gi * 8 * kT + t * 8);
+          [[maybe_unused]] const __m256i at = kAbsY ? _mm256_abs_epi8(bt) : bt;
+          const auto d = [&](__m256i u) __attribute__((always_inline)) {
+            if constexpr (kAbsY)
+              return _mm256_madd_epi16(_mm256_maddubs_epi16(at, _mm256_sign_epi8(_mm256_shuffle_epi8(table, u), bt)), ones);
+            return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi8(abs_table, u),
+                                                          _mm256_sign_epi8(bt, _mm256_shuffle_epi8(table, u))), ones);
+          };
+          _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
+            const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + t * 64 + h * 32));
+            const __m256i x0 = d(_mm256_and_si256(v, low4)), x1 = d(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+            sl[h] = t ? _mm256_add_epi32(sl[h], x0) : x0, sh[h] = t ? _mm256_add_epi32(sh[h], x1) : x1;
           }
-          exact = _mm256_hadd_epi32(s0, s1);
-        } else {
-          exact = _mm256_add_epi32(_mm256_set1_epi32(-zc * r.asr[gi]), qword_group(lo, hi, r.y + gi * 32, ones));
         }
+      } else {
+        qword_group_halves(pg, r.y + gi * 32, low4, sl, sh);
+      }
+      [[maybe_unused]] const __m256i zt = _mm256_set1_epi32(-zc * r.asr[gi]);
+      _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {
+        const __m256i exact = kSigned ? _mm256_hadd_epi32(sl[h], sh[h])
+                                      : _mm256_add_epi32(zt, _mm256_madd_epi16(_mm256_hadd_epi16(sl[h], sh[h]), ones));
         acc[h] = r.group(gi, h, exact, run_d[h], run_dm[h], r.asf && !run_mins, acc[h]);
       }
   });

@@ -150,8 +150,137 @@ void split_vnni_tiles(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1,
   }
 }
 
+// Q2_K at its default activation blocks (one block a run of 8 groups of 16; split_zero 0): the 4-bit group scales
+// inside the int32 sums, one conversion a run, as the AVX2 tier's run sums (docs/numerics.md). Decode: each pair of
+// groups' int32 sums, as int16 pairs, meets the pair's scales in one vpdpwssd; row tiles: the codes widened as
+// q * isc (at most 45) into int8 panels, a run one group. The same integer a run, then the same fp32 operations.
+inline bool split_run_sums(const PackedExperts& w, const ActRows& a) {
+  return w.split_bits == 2 && w.int_nibbles && w.imin_groups && w.split_zero == 0 && w.group_len() == 16 && a.bscale &&
+         a.NP == 1 && w.act_block == kIMinRun * 16 && a.G % kIMinRun == 0;
+}
+
+// rows [r0, r0 + MR) x panels [b, b + NJ): decode (MR = NJ = 1, no a.wpanels) reads the split codes, row tiles the
+// widened panels and their runs' fp32 d (a.blk_scales, [NJ][runs][16]).
+template <int MR, int NJ>
+struct SplitRunsMicro {
+  static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c, int64_t ldc) {
+    constexpr bool kDecode = MR == 1 && NJ == 1;  // decode, or a row tile's last row: the same sums either way
+    constexpr bool kShare = MR > 1 && NJ >= 2;
+    const int64_t G = a.G, Kp = a.Kp, runs = G / kIMinRun;
+    const IntFormBlock forms(w, e, b, G);
+    const int8_t* arow[MR];
+    const float* bsr[MR];
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+      arow[r] = a.q + a.row_idx[r0 + r] * Kp;
+      bsr[r] = a.bscale + a.row_idx[r0 + r] * G;
+    }
+    alignas(64) float corr[MR * NJ * 16];
+    int_mins_term<MR, NJ>(w, e, b, a, r0, corr);
+    __m512 accf[MR][NJ];
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) accf[r][j] = _mm512_setzero_ps();
+    if (kDecode && !a.wpanels) {
+      using S = SplitVnni<2, 2>;
+      const uint8_t* low = w.panel(e, b);
+      const __m512i pmask = _mm512_set1_epi32(0x000f000f), lo16 = _mm512_set1_epi32(0xffff);
+      for (int64_t s = 0; s < runs; ++s) {
+        _mm_prefetch((const char*)forms.nib_sc(0, (s + 2) * kIMinRun), _MM_HINT_T0);
+        __m512i racc = _mm512_setzero_si512();
+        unroll_n<kIMinRun / 2>([&](auto pc) __attribute__((always_inline)) {
+          const int64_t g = s * kIMinRun + 2 * decltype(pc)::value;
+          __m512i ev = _mm512_setzero_si512(), od = _mm512_setzero_si512();
+          S::group_codes(low, nullptr, 2 * g, [&](int64_t t, __m512i lo, __m512i hi) __attribute__((always_inline)) {
+            dpbusd_bcast(ev, lo, arow[0] + t * 8), dpbusd_bcast(ev, hi, arow[0] + t * 8 + 4);
+          });
+          S::group_codes(low, nullptr, 2 * g + 2, [&](int64_t t, __m512i lo, __m512i hi) __attribute__((always_inline)) {
+            dpbusd_bcast(od, lo, arow[0] + t * 8), dpbusd_bcast(od, hi, arow[0] + t * 8 + 4);
+          });
+          // the pair's sums (|sum| < 2^13) as int16 pairs, and its scales (low nibble: group g) as int16 pairs
+          const __m512i sums = _mm512_ternarylogic_epi32(ev, _mm512_slli_epi32(od, 16), lo16, 0xe4);
+          const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(forms.nib_sc(0, g))));
+          dpwssd(racc, sums, _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), pmask, 0xa8));
+        });
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(racc), _mm512_set1_ps(bsr[0][s * kIMinRun]));
+        accf[0][0] = _mm512_fmadd_ps(f, half16(forms.nib_d(0, s * kIMinRun)), accf[0][0]);
+      }
+    } else {
+      const uint8_t* panel[NJ];
+      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) panel[j] = a.wpanels + (b + j - a.wpanel_b) * Kp * 16;
+      NextGroupPrefetch<(MR * NJ + 15) / 16> pf(w, e, b, NJ, r0, MR, a.rows, Kp / 4);
+      constexpr int64_t kRunSteps = kIMinRun * 16 / 4;
+      for (int64_t s = 0; s < runs; ++s) {
+        __m512i acc[MR][NJ];
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+          _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = _mm512_setzero_si512();
+        for (int64_t t0 = s * kRunSteps; t0 < (s + 1) * kRunSteps; t0 += 4) {
+          pf.steps(4);
+          _Pragma("GCC unroll 4") for (int q = 0; q < 4; ++q) {
+            const int64_t t = t0 + q;
+            __m512i wv[NJ];
+            _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) wv[j] = _mm512_load_si512(panel[j] + t * 64);
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) dpbusd_row<kShare>(acc[r], wv, arow[r] + t * 4);
+          }
+        }
+        _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+          const __m512 dv = _mm512_load_ps(a.blk_scales + (j * runs + s) * 16);
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][j]), _mm512_set1_ps(bsr[r][s * kIMinRun]));
+            accf[r][j] = _mm512_fmadd_ps(f, dv, accf[r][j]);
+          }
+        }
+      }
+    }
+    _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+      const __mmask16 m = __mmask16((1u << valid_cols(w, b + j)) - 1);
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+        _mm512_mask_storeu_ps(c + (r0 + r) * ldc + 16 * j, m,
+                              _mm512_mul_ps(_mm512_sub_ps(accf[r][j], _mm512_load_ps(corr + (r * NJ + j) * 16)),
+                                            _mm512_set1_ps(a.scale[a.row_idx[r0 + r]])));
+    }
+  }
+};
+
+// Row tiles of the run sums: per group of NJ column blocks, the codes widened once as q * isc (16-bit multiplies: each
+// byte's product stays in its byte) and the runs' d as fp32.
+template <int MR, int NJ>
+void split_runs_tiles(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  using S = SplitVnni<2, 2>;
+  const int64_t G = a.G, Kp = a.Kp, pb = Kp * 16, runs = G / kIMinRun;
+  thread_local std::vector<uint8_t> buf;
+  buf.resize(size_t(NJ * pb) + size_t(NJ * runs * 16) * sizeof(float) + 128);
+  uint8_t* pan = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+  float* blk = reinterpret_cast<float*>(pan + NJ * pb);
+  ActRows ab = a;
+  ab.wpanels = pan, ab.blk_scales = blk;
+  for (int64_t b = b0; b < b1; b += NJ) {
+    const int64_t nj = std::min<int64_t>(NJ, b1 - b);
+    const IntFormBlock forms(w, e, b, G);
+    for (int64_t j = 0; j < nj; ++j) {
+      const uint8_t* low = w.panel(e, b + j);
+      uint8_t* out = pan + j * pb;
+      for (int64_t g = 0; g < G; ++g) {
+        const __m512i x = _mm512_cvtepu8_epi32(nibbles16(forms.nib_sc(j, g), g));
+        const __m512i sc = _mm512_or_si512(x, _mm512_slli_epi32(x, 16));  // isc in both words of its column's dword
+        S::group_codes(low, nullptr, 2 * g, [&](int64_t t, __m512i lo, __m512i hi) __attribute__((always_inline)) {
+          _mm512_store_si512(out + 2 * t * 64, _mm512_mullo_epi16(lo, sc));
+          _mm512_store_si512(out + (2 * t + 1) * 64, _mm512_mullo_epi16(hi, sc));
+        });
+      }
+      for (int64_t s = 0; s < runs; ++s) _mm512_store_ps(blk + (j * runs + s) * 16, half16(forms.nib_d(j, s * kIMinRun)));
+    }
+    ab.wpanel_b = b;
+    drive<SplitRunsMicro, MR, NJ, 1>(w, e, b, b + nj, ab, c + (b - b0) * 16, ldc);
+  }
+}
+
 template <int kBits, int kS, int MR, int NJ, int ND>
 void split_vnni_gemm_as(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1, const ActRows& a, float* c, int64_t ldc) {
+  if constexpr (kBits == 2)
+    if (split_run_sums(w, a)) {
+      if (a.rows > 1) return split_runs_tiles<MR, NJ>(w, e, b0, b1, a, c, ldc);
+      for (int64_t b = b0; b < b1; ++b) SplitRunsMicro<1, 1>::run(w, e, b, a, 0, c + (b - b0) * 16, ldc);
+      return;
+    }
   if (a.rows > 1 || (a.bscale && a.NP > 1)) return split_vnni_tiles<kBits, kS, MR, NJ, ND>(w, e, b0, b1, a, c, ldc);
   if (a.bscale) split_vnni_decode<kBits, kS, 1>(w, e, b0, b1, a, c, ldc);
   else split_vnni_decode<kBits, kS, 0>(w, e, b0, b1, a, c, ldc);

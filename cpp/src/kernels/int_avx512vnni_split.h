@@ -98,12 +98,16 @@ struct SplitVnni {
   }
   // The codes q as bytes in the int8 panel layout (steps 2t and 2t + 1) of one panel's `steps` 8-k steps (the
   // prefetch runs into the next panel's, which the next call widens).
-  static void widen(const uint8_t* low, const uint8_t* high, int64_t steps, uint8_t* out) {
-    for (int64_t s0 = 0; s0 < steps; s0 += kS)
+  // far: the next column group's high bits, prefetched at the same place (read after this group's row tiles).
+  static void widen(const uint8_t* low, const uint8_t* high, int64_t steps, uint8_t* out, int64_t far) {
+    for (int64_t s0 = 0; s0 < steps; s0 += kS) {
+      if constexpr (kXb != 0)
+        if (s0 % kSpv == 0) _mm_prefetch((const char*)(high + (s0 / kSpv) * 64 + far), _MM_HINT_T1);
       group_codes(low, high, s0, [&](int64_t t, __m512i lo, __m512i hi) __attribute__((always_inline)) {
         _mm512_store_si512(out + 2 * t * 64, lo);
         _mm512_store_si512(out + (2 * t + 1) * 64, hi);
       });
+    }
   }
 };
 
@@ -120,9 +124,9 @@ void split_vnni_decode(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1
 }
 
 template <int kBits, int kS>
-void split_vnni_widen(const PackedExperts& w, int64_t e, int64_t b, int64_t Kp, uint8_t* out) {
+void split_vnni_widen(const PackedExperts& w, int64_t e, int64_t b, int64_t Kp, uint8_t* out, int64_t next) {
   const uint8_t* high = w.qhigh.data() + (e * w.num_blocks() + b) * split_high_bytes(Kp, kBits);
-  SplitVnni<kBits, kS>::widen(w.panel(e, b), high, Kp / 8, out);
+  SplitVnni<kBits, kS>::widen(w.panel(e, b), high, Kp / 8, out, next * split_high_bytes(Kp, kBits));
 }
 
 // Row tiles: per group of NJ column blocks, their panels widened into int8 panels (and, with integer scales, their
@@ -139,11 +143,17 @@ void split_vnni_tiles(const PackedExperts& w, int64_t e, int64_t b0, int64_t b1,
   ab.wpanels = pan, ab.blk_scales = blk;
   for (int64_t b = b0; b < b1; b += NJ) {
     const int64_t nj = std::min<int64_t>(NJ, b1 - b);
-    for (int64_t j = 0; j < nj; ++j) split_vnni_widen<kBits, kS>(w, e, b + j, Kp, pan + j * pb);
+    // the next group's high bits and integer scales prefetched as this one's are read: DRAM streams them while the
+    // row tiles compute (Zen 4, M = 128: the widening's loads of them had held a third of its samples)
+    const int64_t next = b + NJ < b1 ? std::min<int64_t>(NJ, b1 - b - NJ) : 0;
+    for (int64_t j = 0; j < nj; ++j) split_vnni_widen<kBits, kS>(w, e, b + j, Kp, pan + j * pb, next ? NJ : 0);
     if (blk) {
       const IntFormBlock forms(w, e, b, G);
       for (int64_t j = 0; j < nj; ++j)
-        for (int64_t gi = 0; gi < G; ++gi) _mm512_store_ps(blk + (j * G + gi) * 16, int_scale16(forms, j, gi));
+        for (int64_t gi = 0; gi < G; ++gi) {
+          if (next && j < next && !forms.nib && gi % 4 == 0) _mm_prefetch((const char*)forms.isc_at(j + NJ, gi), _MM_HINT_T1);
+          _mm512_store_ps(blk + (j * G + gi) * 16, int_scale16(forms, j, gi));
+        }
     }
     ab.wpanel_b = b;
     int_vnni_gemm_offset<false, false, MR, NJ, ND>(w, e, b, b + nj, ab, c + (b - b0) * 16, ldc);

@@ -43,7 +43,32 @@ struct IntPairTerms {
 inline void int_mins_row(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, const ActRows& a, int64_t row,
                          float* corr) {
   const IntFormBlock f(w, e, b, a.G);
-  if (a.bscale && imins_f32(w)) {  // blocks shorter than a run: int_mins_term_f32's order
+  const int64_t nb = a.bscale && imins_f32(w) ? run_block_groups(w) : kIMinRun;
+  if (nb == 2 || nb == 4) {  // blocks of 2 or 4 groups: each block's int32 sum times its scale, fused in order
+    const int16_t* as = a.asum16 + row * a.G2;
+    const float* bs = a.bscale + row * a.G;
+    for (int64_t j = 0; j < nj; ++j)
+      for (int n = 0; n < 16; ++n) {
+        float sum = 0.f;
+        for (int64_t s = 0; s < f.runs; ++s) {
+          float x = 0.f;
+          for (int64_t k = 0; k < kIMinRun / nb; ++k) {
+            const int64_t g = s * kIMinRun + k * nb;
+            if (k > 0 && g >= a.G) break;
+            uint32_t acc = 0;
+            for (int64_t gi = g; gi < g + nb; gi += 2) {
+              const int8_t* m = f.imn_pair(j, gi / 2) + 2 * n;
+              acc += uint32_t(int32_t(m[0]) * as[gi] + int32_t(m[1]) * as[gi + 1]);
+            }
+            x = k == 0 ? float(int32_t(acc)) * bs[g] : std::fma(float(int32_t(acc)), bs[g], x);
+          }
+          sum = std::fma(x, half_to_float(f.dmn_run(j, s)[n]), sum);
+        }
+        corr[16 * j + n] = sum;
+      }
+    return;
+  }
+  if (a.bscale && imins_f32(w)) {  // other blocks shorter than a run: int_mins_term_f32's order
     const float* af = a.asum_f32 + row * a.G;
     for (int64_t j = 0; j < nj; ++j)
       for (int n = 0; n < 16; ++n) {

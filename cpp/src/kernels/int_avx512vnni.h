@@ -157,17 +157,28 @@ __attribute__((noinline)) void int_mins_term_f32(const PackedExperts& w, int64_t
 }
 
 // corr[r][j][16] = dmin * sum over the run's groups of imin * asum, summed over runs of
-// imin_groups groups (exact int32 sums per run: derive_int_mins bounds them); with activation blocks (one per
-// run) each run's converted sum times its block scale first. Out of line and before
+// imin_groups groups (exact int32 sums per run: derive_int_mins bounds them); with activation blocks each block's
+// int32 sum (kNB groups: one per run, or 2 / 4 groups of it: run_block_groups) converted, times its block scale, the
+// run's further blocks fused in (fma) in order, then times dmin (the AVX2 tier's order). Out of line and before
 // the main loop, so that loop's registers are those of the other offset forms.
-template <int MR, int NJ>
+template <int MR, int NJ, int kNB = kIMinRun>
 __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0,
                                              float* corr) {
-  if (a.bscale && imins_f32(w)) return int_mins_term_f32<MR, NJ>(w, e, b, a, r0, corr);
+  if constexpr (kNB == kIMinRun)
+    if (a.bscale && imins_f32(w)) {
+      const int64_t nb = run_block_groups(w);
+      if (nb == 4) return int_mins_term<MR, NJ, 4>(w, e, b, a, r0, corr);
+      if (nb == 2) return int_mins_term<MR, NJ, 2>(w, e, b, a, r0, corr);
+      return int_mins_term_f32<MR, NJ>(w, e, b, a, r0, corr);
+    }
   constexpr int64_t S2 = kIMinRun / 2;  // pairs per run (imin_groups is kIMinRun)
-  const int64_t runs = a.G2 / kIMinRun;  // a.G2 = 2 imin_pairs(w): no divisions
+  const int64_t runs = a.G2 / kIMinRun, G = a.G;  // a.G2 = 2 imin_pairs(w): no divisions
   const int16_t* as[MR];
-  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) as[r] = a.asum16 + a.row_idx[r0 + r] * a.G2;
+  const float* bs[MR];
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+    as[r] = a.asum16 + a.row_idx[r0 + r] * a.G2;
+    bs[r] = a.bscale ? a.bscale + a.row_idx[r0 + r] * G : nullptr;
+  }
   // Panels inner: each row's code-sum pair is broadcast once into a register for the NJ panels
   // (as in dpbusd_row).
   const IntFormBlock f(w, e, b, a.G);
@@ -175,28 +186,36 @@ __attribute__((noinline)) void int_mins_term(const PackedExperts& w, int64_t e, 
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) sum[r][j] = _mm512_setzero_ps();
   for (int64_t s = 0; s < runs; ++s) {
-    __m512i acc[MR][NJ];
-    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
-      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = _mm512_setzero_si512();
-    _Pragma("GCC unroll 4") for (int q = 0; q < S2; ++q) {  // a compile-time count: fully unrolled
-      const int64_t p = s * S2 + q;
-      __m512i mv[NJ];
-      _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j)
-        mv[j] = imin_pairs16(f, j, p);
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-        int32_t pair;
-        std::memcpy(&pair, as[r] + 2 * p, 4);
-        const __m512i av = _mm512_set1_epi32(pair);
-        _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpwssd(acc[r][j], mv[j], av);
+    __m512 x[MR][NJ];
+    _Pragma("GCC unroll 4") for (int k = 0; k < kIMinRun / kNB; ++k) {
+      const int64_t g = s * kIMinRun + k * kNB;
+      if (k > 0 && g >= G) break;  // the last run's padding: no block, zero sums
+      __m512i acc[MR][NJ];
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+        _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) acc[r][j] = _mm512_setzero_si512();
+      _Pragma("GCC unroll 4") for (int q = 0; q < kNB / 2; ++q) {  // a compile-time count: fully unrolled
+        const int64_t p = s * S2 + k * (kNB / 2) + q;
+        __m512i mv[NJ];
+        _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j)
+          mv[j] = imin_pairs16(f, j, p);
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+          int32_t pair;
+          std::memcpy(&pair, as[r] + 2 * p, 4);
+          const __m512i av = _mm512_set1_epi32(pair);
+          _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) dpwssd(acc[r][j], mv[j], av);
+        }
       }
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+        _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
+          const __m512 xb = _mm512_cvtepi32_ps(acc[r][j]);
+          if (!bs[r]) x[r][j] = xb;
+          else if (k == 0) x[r][j] = _mm512_mul_ps(xb, _mm512_set1_ps(bs[r][g]));
+          else x[r][j] = _mm512_fmadd_ps(xb, _mm512_set1_ps(bs[r][g]), x[r][j]);
+        }
     }
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
       const __m512 dv = half16(f.dmin_at(j, s));
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-        __m512 f = _mm512_cvtepi32_ps(acc[r][j]);
-        if (a.bscale) f = _mm512_mul_ps(f, _mm512_set1_ps(a.bscale[a.row_idx[r0 + r] * a.G + s * kIMinRun]));
-        sum[r][j] = _mm512_fmadd_ps(f, dv, sum[r][j]);
-      }
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) sum[r][j] = _mm512_fmadd_ps(x[r][j], dv, sum[r][j]);
     }
   }
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)

@@ -38,37 +38,15 @@ struct IntPairTerms {
   }
 };
 
-// corr[n] = integer mins term of one row: per run, the int32 sum of imin * code sum over its groups,
-// times dmin, fused into the sum over runs (int_mins_term in int_avx512vnni.h, one row).
+// corr[n] = integer mins term of one row: per run, the int32 sum of imin * code sum over its groups (with activation
+// blocks of 2 or 4 groups, per block, times its scale, fused in order), times dmin, fused into the sum over runs
+// (int_mins_term in int_avx512vnni.h, one row).
 inline void int_mins_row(const PackedExperts& w, int64_t e, int64_t b, int64_t nj, const ActRows& a, int64_t row,
                          float* corr) {
   const IntFormBlock f(w, e, b, a.G);
-  const int64_t nb = a.bscale && imins_f32(w) ? run_block_groups(w) : kIMinRun;
-  if (nb == 2 || nb == 4) {  // blocks of 2 or 4 groups: each block's int32 sum times its scale, fused in order
-    const int16_t* as = a.asum16 + row * a.G2;
-    const float* bs = a.bscale + row * a.G;
-    for (int64_t j = 0; j < nj; ++j)
-      for (int n = 0; n < 16; ++n) {
-        float sum = 0.f;
-        for (int64_t s = 0; s < f.runs; ++s) {
-          float x = 0.f;
-          for (int64_t k = 0; k < kIMinRun / nb; ++k) {
-            const int64_t g = s * kIMinRun + k * nb;
-            if (k > 0 && g >= a.G) break;
-            uint32_t acc = 0;
-            for (int64_t gi = g; gi < g + nb; gi += 2) {
-              const int8_t* m = f.imn_pair(j, gi / 2) + 2 * n;
-              acc += uint32_t(int32_t(m[0]) * as[gi] + int32_t(m[1]) * as[gi + 1]);
-            }
-            x = k == 0 ? float(int32_t(acc)) * bs[g] : std::fma(float(int32_t(acc)), bs[g], x);
-          }
-          sum = std::fma(x, half_to_float(f.dmn_run(j, s)[n]), sum);
-        }
-        corr[16 * j + n] = sum;
-      }
-    return;
-  }
-  if (a.bscale && imins_f32(w)) {  // other blocks shorter than a run: int_mins_term_f32's order
+  const bool short_blocks = a.bscale && imins_f32(w);  // activation blocks shorter than a run
+  const int64_t nb = short_blocks ? run_block_groups(w) : kIMinRun;
+  if (short_blocks && nb != 2 && nb != 4) {  // int_mins_term_f32's order
     const float* af = a.asum_f32 + row * a.G;
     for (int64_t j = 0; j < nj; ++j)
       for (int n = 0; n < 16; ++n) {
@@ -86,19 +64,26 @@ inline void int_mins_row(const PackedExperts& w, int64_t e, int64_t b, int64_t n
       }
     return;
   }
+  // each block's int32 sum (a run, or 2 / 4 groups of it) converted, times its block scale, fused in order
   const int16_t* as = a.asum16 + row * a.G2;
+  const float* bs = a.bscale ? a.bscale + row * a.G : nullptr;
   for (int64_t j = 0; j < nj; ++j)
     for (int n = 0; n < 16; ++n) {
       float sum = 0.f;
       for (int64_t s = 0; s < f.runs; ++s) {
-        uint32_t acc = 0;
-        for (int64_t q = 0; q < kIMinRun / 2; ++q) {
-          const int8_t* m = f.imn_pair(j, s * (kIMinRun / 2) + q) + 2 * n;
-          const int64_t p = 2 * (s * (kIMinRun / 2) + q);
-          acc += uint32_t(int32_t(m[0]) * as[p] + int32_t(m[1]) * as[p + 1]);
+        float x = 0.f;
+        for (int64_t k = 0; k < kIMinRun / nb; ++k) {
+          const int64_t g = s * kIMinRun + k * nb;
+          if (k > 0 && g >= a.G) break;  // the last run's padding
+          uint32_t acc = 0;
+          for (int64_t gi = g; gi < g + nb; gi += 2) {
+            const int8_t* m = f.imn_pair(j, gi / 2) + 2 * n;
+            acc += uint32_t(int32_t(m[0]) * as[gi] + int32_t(m[1]) * as[gi + 1]);
+          }
+          const float bsc = bs ? bs[g] : 1.f;
+          x = k == 0 ? float(int32_t(acc)) * bsc : std::fma(float(int32_t(acc)), bsc, x);
         }
-        const float bs = a.bscale ? a.bscale[row * a.G + s * kIMinRun] : 1.f;  // activation blocks: one per run
-        sum = std::fma(float(int32_t(acc)) * bs, half_to_float(f.dmn_run(j, s)[n]), sum);
+        sum = std::fma(x, half_to_float(f.dmn_run(j, s)[n]), sum);
       }
       corr[16 * j + n] = sum;
     }

@@ -174,7 +174,7 @@ inline bool split_run_sums(const PackedExperts& w, const ActRows& a) {
 template <int MR, int NJ>
 struct SplitRunsMicro {
   static void run(const PackedExperts& w, int64_t e, int64_t b, const ActRows& a, int64_t r0, float* c, int64_t ldc) {
-    constexpr bool kDecode = MR == 1 && NJ == 1;  // decode, or a row tile's last row: the same sums either way
+    constexpr bool kDecode = MR == 1 && NJ == 1;  // with no widened panels (decode): from the split codes
     constexpr bool kShare = MR > 1 && NJ >= 2;
     const int64_t G = a.G, Kp = a.Kp, runs = G / kIMinRun;
     const IntFormBlock forms(w, e, b, G);

@@ -224,7 +224,7 @@ struct IntAvx2 {
       const int zc = has_zeros ? 0 : kInt4 ? (C == Codes::kSigned ? 0 : w.code_zero) : (D != IntDot::kMaddubs ? 128 : 0);
       NextGroupPrefetch<> pf(w, e, b, NJ, r0, MR, a.rows, Kp / step);
       const ScaleIndex sx(w, e, b, G);
-      const GroupSidePrefetch side(w, forms, sx);
+      const GroupSidePrefetch side(w, forms, sx, false, run_mins ? NJ : -1);
       [[maybe_unused]] __m256 run_d[MR == 1 ? H : 1], run_dm[MR == 1 ? H : 1];  // decode: the run's d / dmin, widened
       for (int64_t gi = 0; gi < G; ++gi) {
         if constexpr (MR == 1) {

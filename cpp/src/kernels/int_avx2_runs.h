@@ -114,7 +114,7 @@ void int4_runs_decode_block(const PackedExperts& w, int64_t e, int64_t b, const 
   const int64_t G = a.G;
   const uint8_t* pn = w.panel(e, b);
   const DecodeRow<kBlk> r(w, e, b, a);
-  const GroupSidePrefetch side(w, r.forms, r.sx);
+  const GroupSidePrefetch side(w, r.forms, r.sx, false, w.has_mins ? 1 : -1);
   alignas(32) float corr[2][8];
   if (w.has_mins) int_mins_term_ymm<2, kNB>(r.forms, a.asum16 + r.ri * a.G2, r.bsr, nullptr, corr);
   const __m256i low4 = _mm256_set1_epi8(0x0f);

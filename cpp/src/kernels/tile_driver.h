@@ -183,7 +183,9 @@ constexpr int64_t kDecodeL1Bytes = kInt4 ? 512 : 2048;
 // Decode's prefetch of each panel's scale-group side data (fp32 or integer-form scales, fp32 or integer mins, zero
 // points), kSideAhead groups ahead of use (past the panel's last group: the next panel's, which decode reads next).
 // Decode prefetches the panels itself; without this, the scale loads of Q4_0 decode held a third of its kernel's
-// samples.
+// samples. mins_nj >= 0: the kernel reads the integer mins in one pass (int_mins_term, int_mins_term_ymm), not
+// per group: their imins and dmins come a line a group from the panel's middle group on, this block's (0: AVX-512,
+// whose pass follows its groups) or the next mins_nj blocks' (AVX2, whose pass precedes them).
 struct GroupSidePrefetch {
   static constexpr int64_t kSideAhead = 16;
   const IntFormBlock& f;
@@ -193,12 +195,23 @@ struct GroupSidePrefetch {
   const float* mins;
   const uint8_t* zeros;
   bool imins;  // integer mins read per group (split codes; IntAvx2's decode reads them before its groups)
-  GroupSidePrefetch(const PackedExperts& w, const IntFormBlock& f_, const ScaleIndex& sx_, bool group_imins = false)
+  const char* next_mn = nullptr;  // the imins, then the dmins, that at() prefetches (mins_nj >= 0)
+  const char* next_dmn = nullptr;
+  int64_t first = 0, mn_lines = 0, dmn_lines = 0;
+  GroupSidePrefetch(const PackedExperts& w, const IntFormBlock& f_, const ScaleIndex& sx_, bool group_imins = false,
+                    int64_t mins_nj = -1)
       : f(f_), sx(sx_), scales(f_.isc ? nullptr : w.scales.as<char>()), scale_bytes(w.half_scales ? 2 : 4),
         mins(w.has_mins && !w.imin_groups ? w.mins.as<float>() : nullptr), zeros(w.has_zeros ? w.zeros.data() : nullptr),
-        imins(group_imins && f_.imn) {}
+        imins(group_imins && f_.imn) {
+    if (mins_nj < 0 || !f.imn || imins) return;
+    const int64_t mn_bytes = f.P2 * (f.nib ? 16 : 32), dmn_bytes = (f.nib ? f.spans : f.runs) * 32;
+    next_mn = reinterpret_cast<const char*>(f.imn) + mins_nj * mn_bytes, next_dmn = reinterpret_cast<const char*>(f.dmn) + mins_nj * dmn_bytes;
+    first = sx.G / 2, mn_lines = (mn_bytes + 63) / 64, dmn_lines = (dmn_bytes + 63) / 64;
+  }
   template <int NJ>
   void at(int64_t gi) const {
+    if (const int64_t l = gi - first; next_mn && l >= 0 && l < mn_lines + dmn_lines)
+      __builtin_prefetch(l < mn_lines ? next_mn + l * 64 : next_dmn + (l - mn_lines) * 64, 0, 3);
     const int64_t ga = gi + kSideAhead;
     _Pragma("GCC unroll 16") for (int j = 0; j < NJ; ++j) {
       const int64_t si = sx(j, ga);

@@ -53,6 +53,8 @@ void bind_layer(py::module_& m) {
              e.w2_bias = f32_arg(b2_h, "w2_bias", {E, H}, "[E, H]", keep);
              p.args.gate = f32_arg(gate_h, "gate", {E, H}, "[E, H]", keep);
              if (!p.args.gate) throw TypeError("gate must be a float32 array [E, H]");
+             py::array_t<uint16_t> g16({E, H});  // a gate of bf16 values: the router reads half the bytes
+             if (gate_as_bf16(p.args.gate, E * H, g16.mutable_data())) keep.append(g16), p.args.gate_bf16 = g16.data();
              p.args.gate_bias = f32_arg(gate_bias_h, "gate_bias", {E}, "[E]", keep);
              RoutingArgs& r = p.args.routing;
              if (top_k < 1 || top_k > E) throw ValueError(msg("top_k = ", top_k, " must be in [1, num_experts = ", E, "]"));
@@ -75,7 +77,9 @@ void bind_layer(py::module_& m) {
            py::arg("use_grouped_topk"), py::arg("num_expert_group"), py::arg("topk_group"),
            py::arg("e_score_correction_bias"), py::arg("routed_scaling_factor"), py::arg("w13"), py::arg("w2"),
            py::arg("w13_bias"), py::arg("w2_bias"), py::arg("activation"), py::arg("shared_w13"),
-           py::arg("shared_w2"), py::arg("shared_expert_gate"));
+           py::arg("shared_w2"), py::arg("shared_expert_gate"))
+      .def_property_readonly("gate_bf16", [](const LayerPlan& p) { return p.args.gate_bf16 != nullptr; },
+                             "whether the router reads the gate as bf16 (every value is one: the same logits)");
 
   m.def("moe_layer", [](const LayerPlan& p, py::handle x_h) {
     LayerCall c = prepare_layer(p, x_h);

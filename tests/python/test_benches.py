@@ -158,6 +158,7 @@ TINY = {
     "studies/ep_model.py": ("--trials 100", "| 8 |", no_needs),
     "studies/gguf_forms_ab.py": ("--m 1 --reps 1 --forms q4_k --experts 8", "speed vs", no_needs),
     "studies/own_bits_decode.py": ("--experts 8 --rounds 1 --calls 2", "own / moe_cpu", own_bits_needs),
+    "studies/router_gate_bf16_ab.py": ("--experts 8 --layers 2 --rounds 1 --calls 2", "bf16 gates / float32 gates", no_needs),
     "studies/inner_loop_mix.py": ("--kernels {kernel}", "dot/FMA", inner_loop_needs),
     "studies/tile_mca.py": ("--cpus znver3 --iterations 10 {mca}", "moe_cpu runs (256-blocks)", tile_mca_needs),
     "ep_scaling.sh": ("--shapes qwen3-30b-a3b --experts 8 --m 1 --calls 1 --sweep=", "wrote", mpi_needs),
@@ -232,6 +233,7 @@ def test_runs_tiny_or_refuses_in_one_line(script, tmp_path):
     ("studies/inner_loop_mix.py", ["/nonexistent"], "no build directory /nonexistent"),
     ("studies/tile_mca.py", ["--iterations", "0"], "--iterations must be >= 1"),
     ("studies/own_bits_decode.py", ["--experts", "4"], "--experts must be >= 8"),
+    ("studies/router_gate_bf16_ab.py", ["--form", "q9_k"], "--form 'q9_k': one of"),
 ])
 def test_benches_refuse_bad_arguments_in_one_line(script, args, needle, tmp_path):
     assert_one_line_refusal(run(script, args, tmp_path), needle)

@@ -123,6 +123,30 @@ def test_router_logits_bits_are_the_lane_sum_order(rng, Hx):
         assert np.array_equal(layer.router_logits(x), lane_sum_logits(x, gate))
 
 
+@pytest.mark.parametrize("Hx", [128, 200])
+def test_router_reads_a_bf16_gate_as_bf16_with_the_same_logits(rng, Hx):
+    # A gate whose every value is a bf16 (a router from a bf16 checkpoint) is read as bf16 bits, widened exactly: the
+    # layer's routing is then that of the float32 logits, bit for bit (rows 1-7: every row count of the dots).
+    E = 24
+    gate = (rng.standard_normal((E, Hx)).astype(np.float32).view(np.uint32) & np.uint32(0xffff0000)).view(np.float32)
+    w13 = moe_cpu.quantize_experts(float_weights(rng, E, 64, Hx), "bf16")
+    w2 = moe_cpu.quantize_experts(float_weights(rng, E, Hx, 32), "bf16")
+    layer = moe_cpu.MoELayer(gate, w13, w2, top_k=3)
+    assert layer._plan.gate_bf16
+    for M in (1, 3, 4, 7):
+        x = rng.standard_normal((M, Hx)).astype(np.float32)
+        assert np.array_equal(layer.router_logits(x), lane_sum_logits(x, gate))
+        w, ids = layer.route(x)
+        assert np.array_equal(layer(x), layer.run_experts(x, w, ids))
+    # one value that is not a bf16: the float32 gate, as before
+    gate2 = gate.copy()
+    gate2[E - 1, Hx - 1] = np.nextafter(gate2[E - 1, Hx - 1], np.float32(np.inf))
+    layer2 = moe_cpu.MoELayer(gate2, w13, w2, top_k=3)
+    assert not layer2._plan.gate_bf16
+    x = rng.standard_normal((5, Hx)).astype(np.float32)
+    assert np.array_equal(layer2(x), layer2.run_experts(x, *layer2.route(x)))
+
+
 @pytest.mark.parametrize("scheme", ["int4_w4a8", "fp8_w8a16"])
 def test_deepseek_like_grouped_bias_scaling_shared(rng, scheme):
     layer = deepseek_like(rng, scheme)

@@ -1,7 +1,9 @@
 // router_dots.h — the router's fp32 dot products (MoELayer's logits, layer.cpp), one source for every ISA word:
 // 16 lane sums over k (lane j takes k = j mod 16; multiply, then add: files built with -ffp-contract=off), then a
 // fixed tree. GCC's vector type lowers to whatever the word's target has (xmm, ymm, NEON), so every word gives the
-// same bits, and a row's logits do not depend on the rows beside it.
+// same bits, and a row's logits do not depend on the rows beside it. The gate is fp32, or (router_dots_bf16) the
+// same values held as bf16 where each is one (a gate from a bf16 checkpoint): widened exactly, the same bits, half
+// the bytes to read.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -28,12 +30,23 @@ inline void load16(const float* p, v8f (&v)[2]) {
   std::memcpy(&v[1], p + 8, 32);
 }
 
-template <int n>
-void dots_rows(const float* x, int64_t ldx, const float* gate, int64_t H, int64_t e0, int64_t e1, int64_t ldo,
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+inline void load16(const uint16_t* p, v8f (&v)[2]) {  // bf16 bits: the float with them as its high half
+  for (int i = 0; i < 2; ++i) {
+    v8h h;
+    std::memcpy(&h, p + 8 * i, 16);
+    const v8u u = __builtin_convertvector(h, v8u) << 16;
+    std::memcpy(&v[i], &u, 32);
+  }
+}
+
+template <int n, class W>
+void dots_rows(const float* x, int64_t ldx, const W* gate, int64_t H, int64_t e0, int64_t e1, int64_t ldo,
                float* out) {
   const int64_t Hm = H / 16 * 16;
   for (int64_t e = e0; e < e1; ++e) {
-    const float* g = gate + e * H;
+    const W* g = gate + e * H;
     v8f acc[n][2] = {};
     for (int64_t k = 0; k < Hm; k += 16) {
       v8f gv[2];
@@ -46,8 +59,9 @@ void dots_rows(const float* x, int64_t ldx, const float* gate, int64_t H, int64_
       }
     }
     if (Hm < H) {  // the tail, zero-padded: adds +0 in the lanes past H
-      float gt[16] = {}, xt[16];
-      std::memcpy(gt, g + Hm, size_t(H - Hm) * 4);
+      W gt[16] = {};
+      float xt[16];
+      std::memcpy(gt, g + Hm, size_t(H - Hm) * sizeof(W));
       v8f gv[2];
       load16(gt, gv);
       for (int r = 0; r < n; ++r) {
@@ -63,15 +77,26 @@ void dots_rows(const float* x, int64_t ldx, const float* gate, int64_t H, int64_
   }
 }
 
-// out[r * ldo + e] = x[r] . gate[e] for rows r < n (n <= 4, rows of ldx floats, H used) and experts [e0, e1).
-void router_dots(const float* x, int64_t n, int64_t ldx, const float* gate, int64_t H, int64_t e0, int64_t e1,
-                 int64_t ldo, float* out) {
+template <class W>
+void dots_n(const float* x, int64_t n, int64_t ldx, const W* gate, int64_t H, int64_t e0, int64_t e1, int64_t ldo,
+            float* out) {
   switch (n) {
     case 1: dots_rows<1>(x, ldx, gate, H, e0, e1, ldo, out); break;
     case 2: dots_rows<2>(x, ldx, gate, H, e0, e1, ldo, out); break;
     case 3: dots_rows<3>(x, ldx, gate, H, e0, e1, ldo, out); break;
     default: dots_rows<4>(x, ldx, gate, H, e0, e1, ldo, out); break;
   }
+}
+
+// out[r * ldo + e] = x[r] . gate[e] for rows r < n (n <= 4, rows of ldx floats, H used) and experts [e0, e1).
+void router_dots(const float* x, int64_t n, int64_t ldx, const float* gate, int64_t H, int64_t e0, int64_t e1,
+                 int64_t ldo, float* out) {
+  dots_n(x, n, ldx, gate, H, e0, e1, ldo, out);
+}
+// The same with the gate as bf16 bits.
+void router_dots_bf16(const float* x, int64_t n, int64_t ldx, const uint16_t* gate, int64_t H, int64_t e0, int64_t e1,
+                      int64_t ldo, float* out) {
+  dots_n(x, n, ldx, gate, H, e0, e1, ldo, out);
 }
 
 MOE_ISA_END

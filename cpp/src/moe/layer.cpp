@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/numeric.h"
@@ -11,39 +12,54 @@
 #include "moe_cpu/cpu_features.h"
 #include "moe_cpu/errors.h"
 
+#define MOE_ROUTER_DOTS_DECL                                                                                    \
+  void router_dots(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float*);     \
+  void router_dots_bf16(const float*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, int64_t, int64_t, float*);
 namespace moe_cpu::kernels {
 namespace portable {
-void router_dots(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float*);
+MOE_ROUTER_DOTS_DECL
 }
 #if defined(__x86_64__)
 namespace avx2 {
-void router_dots(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float*);
+MOE_ROUTER_DOTS_DECL
 }
 namespace avx512 {
-void router_dots(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float*);
+MOE_ROUTER_DOTS_DECL
 }
 #endif
 }  // namespace moe_cpu::kernels
+#undef MOE_ROUTER_DOTS_DECL
 
 namespace moe_cpu {
 namespace {
 
 constexpr int64_t kRows = 4, kExpertsPerTask = 16;
 
-using DotsFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float*);
+template <class W>
+using DotsFn = void (*)(const float*, int64_t, int64_t, const W*, int64_t, int64_t, int64_t, int64_t, float*);
 
-DotsFn dots_fn() {  // one source (kernels/router_dots.h), the widest vectors the active ISA level has
+template <class W>
+DotsFn<W> dots_fn() {  // one source (kernels/router_dots.h), the widest vectors the active ISA level has
+  constexpr bool kF32 = std::is_same_v<W, float>;
 #if defined(__x86_64__)
   const uint64_t f = active_features();
-  if (f & kFeatAvx512) return kernels::avx512::router_dots;
-  if (f & kFeatAvx2) return kernels::avx2::router_dots;
+  if (f & kFeatAvx512) {
+    if constexpr (kF32) return kernels::avx512::router_dots;
+    else return kernels::avx512::router_dots_bf16;
+  }
+  if (f & kFeatAvx2) {
+    if constexpr (kF32) return kernels::avx2::router_dots;
+    else return kernels::avx2::router_dots_bf16;
+  }
 #endif
-  return kernels::portable::router_dots;
+  if constexpr (kF32) return kernels::portable::router_dots;
+  else return kernels::portable::router_dots_bf16;
 }
 
-// out[m * E + e] = x[m] . w[e] (w: E rows of H), in tasks of kRows rows x kExpertsPerTask experts.
-void dots(const void* x, DType dt, int64_t M, int64_t H, const float* w, int64_t E, float* out) {
-  const DotsFn fn = dots_fn();
+// out[m * E + e] = x[m] . w[e] (w: E rows of H, fp32 or bf16 bits), in tasks of kRows rows x kExpertsPerTask experts.
+template <class W>
+void dots(const void* x, DType dt, int64_t M, int64_t H, const W* w, int64_t E, float* out) {
+  const DotsFn<W> fn = dots_fn<W>();
   const int64_t row_blocks = (M + kRows - 1) / kRows, e_blocks = (E + kExpertsPerTask - 1) / kExpertsPerTask;
   parallel_for(row_blocks * e_blocks, [&](int64_t t) {
     const int64_t m0 = t / e_blocks * kRows, n = std::min(kRows, M - m0);
@@ -65,10 +81,20 @@ void check_moe_layer(const MoeLayerArgs& l) {  // fused_experts' own check of x,
   check_finite_hidden_states(l.experts.x, l.experts.dtype, l.experts.M, l.experts.H);
 }
 
+bool gate_as_bf16(const float* gate, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = float_to_bits(gate[i]);
+    if (b & 0xffffu) return false;
+    out[i] = uint16_t(b >> 16);
+  }
+  return true;
+}
+
 void router_logits(const void* x, DType dtype, int64_t M, int64_t H, const float* gate, int64_t E,
-                   const float* bias, float* logits) {
+                   const float* bias, float* logits, const uint16_t* gate_bf16) {
   if (M == 0) return;
-  dots(x, dtype, M, H, gate, E, logits);
+  if (gate_bf16) dots(x, dtype, M, H, gate_bf16, E, logits);
+  else dots(x, dtype, M, H, gate, E, logits);
   if (bias)
     for (int64_t m = 0; m < M; ++m)
       for (int64_t e = 0; e < E; ++e) logits[m * E + e] += bias[e];
@@ -87,7 +113,7 @@ void moe_layer(const MoeLayerArgs& a) {
   if (M == 0) return;
   std::vector<float> logits(size_t(M * E)), w(size_t(M * k));
   std::vector<int32_t> ids(size_t(M * k));
-  router_logits(x.x, x.dtype, M, H, a.gate, E, a.gate_bias, logits.data());
+  router_logits(x.x, x.dtype, M, H, a.gate, E, a.gate_bias, logits.data(), a.gate_bf16);
   select_experts(logits.data(), M, E, a.routing, w.data(), ids.data());
   FusedMoeArgs r = x;
   r.topk_weights = w.data(), r.topk_ids = ids.data(), r.ids_int64 = false, r.k = k;

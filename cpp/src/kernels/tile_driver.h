@@ -185,7 +185,8 @@ constexpr int64_t kDecodeL1Bytes = kInt4 ? 512 : 2048;
 // Decode prefetches the panels itself; without this, the scale loads of Q4_0 decode held a third of its kernel's
 // samples. mins_nj >= 0: the kernel reads the integer mins in one pass (int_mins_term, int_mins_term_ymm), not
 // per group: their imins and dmins come a line a group from the panel's middle group on, this block's (0: AVX-512,
-// whose pass follows its groups) or the next mins_nj blocks' (AVX2, whose pass precedes them).
+// whose pass follows its groups) or those of the block mins_nj ahead, the next tile's (AVX2, whose pass precedes
+// them).
 struct GroupSidePrefetch {
   static constexpr int64_t kSideAhead = 16;
   const IntFormBlock& f;
@@ -205,7 +206,8 @@ struct GroupSidePrefetch {
         imins(group_imins && f_.imn) {
     if (mins_nj < 0 || !f.imn || imins) return;
     const int64_t mn_bytes = f.P2 * (f.nib ? 16 : 32), dmn_bytes = (f.nib ? f.spans : f.runs) * 32;
-    next_mn = reinterpret_cast<const char*>(f.imn) + mins_nj * mn_bytes, next_dmn = reinterpret_cast<const char*>(f.dmn) + mins_nj * dmn_bytes;
+    next_mn = reinterpret_cast<const char*>(f.imn) + mins_nj * mn_bytes;
+    next_dmn = reinterpret_cast<const char*>(f.dmn) + mins_nj * dmn_bytes;
     first = sx.G / 2, mn_lines = (mn_bytes + 63) / 64, dmn_lines = (dmn_bytes + 63) / 64;
   }
   template <int NJ>

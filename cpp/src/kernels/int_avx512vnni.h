@@ -295,7 +295,7 @@ struct IntVnni {
       const ScaleIndex sx(w, e, b, G);
       alignas(64) float corr[kOff == Offset::kIntMins ? MR * NJ * 16 : 1];
       if constexpr (kOff == Offset::kIntMins && MR > 1) int_mins_term<MR, NJ>(w, e, b, a, r0, corr);
-      const GroupSidePrefetch side(w, forms, sx, false, kOff == Offset::kIntMins ? 0 : -1);  // decode's int mins
+      const GroupSidePrefetch side(w, forms, sx, false, kOff == Offset::kIntMins && MR == 1 ? 0 : -1);  // decode's int mins
       [[maybe_unused]] __m512 run_d[MR == 1 ? NJ : 1];  // decode: the run's fp16 d, widened once per run
       for (int64_t gi = 0; gi < G; ++gi) {
         if constexpr (MR == 1) {

@@ -1,7 +1,7 @@
 // router_dots.h — the router's fp32 dot products (MoELayer's logits, layer.cpp), one source for every ISA word:
 // 16 lane sums over k (lane j takes k = j mod 16; multiply, then add: files built with -ffp-contract=off), then a
 // fixed tree. GCC's vector type lowers to whatever the word's target has (xmm, ymm, NEON), so every word gives the
-// same bits, and a row's logits do not depend on the rows beside it. The gate is fp32, or (router_dots_bf16) the
+// same bits, and a row's logits do not depend on the rows beside it. The gate is fp32, or (router_dots' uint16_t overload) the
 // same values held as bf16 where each is one (a gate from a bf16 checkpoint): widened exactly, the same bits, half
 // the bytes to read.
 #pragma once
@@ -94,8 +94,8 @@ void router_dots(const float* x, int64_t n, int64_t ldx, const float* gate, int6
   dots_n(x, n, ldx, gate, H, e0, e1, ldo, out);
 }
 // The same with the gate as bf16 bits.
-void router_dots_bf16(const float* x, int64_t n, int64_t ldx, const uint16_t* gate, int64_t H, int64_t e0, int64_t e1,
-                      int64_t ldo, float* out) {
+void router_dots(const float* x, int64_t n, int64_t ldx, const uint16_t* gate, int64_t H, int64_t e0, int64_t e1,
+                 int64_t ldo, float* out) {
   dots_n(x, n, ldx, gate, H, e0, e1, ldo, out);
 }
 

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "common/numeric.h"
@@ -14,7 +13,7 @@
 
 #define MOE_ROUTER_DOTS_DECL                                                                                    \
   void router_dots(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float*);     \
-  void router_dots_bf16(const float*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, int64_t, int64_t, float*);
+  void router_dots(const float*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, int64_t, int64_t, float*);
 namespace moe_cpu::kernels {
 namespace portable {
 MOE_ROUTER_DOTS_DECL
@@ -40,20 +39,12 @@ using DotsFn = void (*)(const float*, int64_t, int64_t, const W*, int64_t, int64
 
 template <class W>
 DotsFn<W> dots_fn() {  // one source (kernels/router_dots.h), the widest vectors the active ISA level has
-  constexpr bool kF32 = std::is_same_v<W, float>;
 #if defined(__x86_64__)
   const uint64_t f = active_features();
-  if (f & kFeatAvx512) {
-    if constexpr (kF32) return kernels::avx512::router_dots;
-    else return kernels::avx512::router_dots_bf16;
-  }
-  if (f & kFeatAvx2) {
-    if constexpr (kF32) return kernels::avx2::router_dots;
-    else return kernels::avx2::router_dots_bf16;
-  }
+  if (f & kFeatAvx512) return kernels::avx512::router_dots;
+  if (f & kFeatAvx2) return kernels::avx2::router_dots;
 #endif
-  if constexpr (kF32) return kernels::portable::router_dots;
-  else return kernels::portable::router_dots_bf16;
+  return kernels::portable::router_dots;
 }
 
 // out[m * E + e] = x[m] . w[e] (w: E rows of H, fp32 or bf16 bits), in tasks of kRows rows x kExpertsPerTask experts.
